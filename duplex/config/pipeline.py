@@ -1,0 +1,174 @@
+"""Typed pipeline config: which stages, their schedulers, placement, budgets and edges."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def parse_size(value: str | int) -> int:
+    """'512MiB' -> 536870912; plain integers are bytes."""
+    if isinstance(value, int):
+        return value
+    match = _SIZE_RE.match(value)
+    if not match or match.group(2).upper() not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {value!r} (examples: 512MiB, 2GiB, 1000000)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SimpleSchedulerConfig(_Strict):
+    kind: Literal["simple"] = "simple"
+    max_batch_size: int = Field(1, ge=1)
+    max_wait_ms: float = Field(0.0, ge=0)
+
+
+class ARSchedulerConfig(_Strict):
+    kind: Literal["ar"] = "ar"
+    max_running_requests: int = Field(8, ge=1)
+
+
+class FeedbackARSchedulerConfig(_Strict):
+    kind: Literal["feedback_ar"] = "feedback_ar"
+    max_running_requests: int = Field(8, ge=1)
+
+
+SchedulerConfig = Annotated[
+    Union[SimpleSchedulerConfig, ARSchedulerConfig, FeedbackARSchedulerConfig],
+    Field(discriminator="kind"),
+]
+SCHEDULER_CONFIGS: dict[str, type[BaseModel]] = {
+    "simple": SimpleSchedulerConfig,
+    "ar": ARSchedulerConfig,
+    "feedback_ar": FeedbackARSchedulerConfig,
+}
+
+
+class StageConfig(_Strict):
+    name: str
+    builder: str
+    scheduler: SchedulerConfig = Field(default_factory=SimpleSchedulerConfig)
+    process: str | None = None  # stages naming the same process are fused into it
+    device: str = "cpu"
+    memory: float | int = 0.05  # fraction of the device (<= 1.0) or bytes
+    threads: int = Field(1, ge=1)
+    next: list[str] = Field(default_factory=list)
+    stream_to: list[str] = Field(default_factory=list)
+    wait_for: list[str] = Field(default_factory=list)
+    terminal: bool = False
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if not _NAME_RE.match(name) or name in {"client", "coordinator"}:
+            raise ValueError(f"stage name {name!r}: letters, digits, _ and -; not client/coordinator")
+        return name
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler_shorthand(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory_size(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, device: str) -> str:
+        if not re.match(r"^(cpu|cuda:\d+)$", device):
+            raise ValueError(f"device {device!r}: use cpu or cuda:N")
+        return device
+
+    @property
+    def process_name(self) -> str:
+        return self.process or self.name
+
+
+class ControlConfig(_Strict):
+    transport: Literal["ipc", "tcp"] = "ipc"
+    host: str = "127.0.0.1"  # tcp: address stages bind on
+    base_port: int = Field(0, ge=0, le=65535)  # tcp: coordinator at base_port, stages after; 0 = pick free
+
+
+class RelayConfig(_Strict):
+    inline_max_bytes: int = Field(64 * 1024, ge=0)  # payloads up to this ride inside the message
+    credits_per_peer: int = Field(64, ge=1)  # shm blocks in flight to one consumer
+    pool_bytes: int = Field(512 * 2**20, ge=2**20)  # shm a producing stage may hold at once
+    ack_timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("pool_bytes", mode="before")
+    @classmethod
+    def _pool_size(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
+
+
+class SupervisionConfig(_Strict):
+    restart: bool = True
+    max_restarts: int = Field(5, ge=0)  # per stage process, over the coordinator's life
+    ready_timeout_s: float = Field(120.0, gt=0)  # model loading happens before ready
+
+
+class PipelineConfig(_Strict):
+    name: str
+    stages: list[StageConfig]
+    entry: list[str] | None = None  # default: stages no other stage feeds
+    devices: dict[str, int] = Field(default_factory=dict)  # device -> bytes (cpu: physical memory)
+    control: ControlConfig = Field(default_factory=ControlConfig)
+    relay: RelayConfig = Field(default_factory=RelayConfig)
+    supervision: SupervisionConfig = Field(default_factory=SupervisionConfig)
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _device_sizes(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: parse_size(v) if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _check_graph(self) -> "PipelineConfig":
+        from duplex.config.graph import validate_graph
+
+        validate_graph(self)
+        return self
+
+    def stage(self, name: str) -> StageConfig:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    @property
+    def entry_stages(self) -> list[str]:
+        if self.entry is not None:
+            return list(self.entry)
+        fed = {dst for s in self.stages for dst in (*s.next, *s.stream_to)}
+        return [s.name for s in self.stages if s.name not in fed]
+
+    @property
+    def terminal_stages(self) -> list[str]:
+        return [s.name for s in self.stages if s.terminal]
+
+    def upstreams(self, name: str) -> list[str]:
+        """Sources a stage receives from: upstream stages, and 'client' for entry stages."""
+        sources = [s.name for s in self.stages if name in s.next or name in s.stream_to]
+        if name in self.entry_stages:
+            sources.insert(0, "client")
+        return sources
+
+    def processes(self) -> dict[str, list[StageConfig]]:
+        groups: dict[str, list[StageConfig]] = {}
+        for stage in self.stages:
+            groups.setdefault(stage.process_name, []).append(stage)
+        return groups

@@ -1,0 +1,279 @@
+"""The data plane between processes on one host: shared-memory blocks with credits and acks.
+
+Producer (``RelayWriter``): packs a value; small ones ride inline in the control message, larger
+ones are written into a pooled shm block and only a reference travels. A block stays owned by
+the producer until the consumer acks it; each consumer has ``credits_per_peer`` blocks in flight
+at most. A block whose ack never comes (consumer gone) is reclaimed after ``ack_timeout_s``.
+
+Consumer (``RelayReader``): rebuilds the value. Blocks under ``zero_copy_min_bytes`` are copied
+out and acked at once; bigger ones are handed out as views and acked when the last view dies,
+so a 16 MiB tensor crosses with one copy. A scheduler that keeps a big input across steps
+should clone it, or it pins the producer's block.
+
+Inside one process no relay is used: stages pass object references (see ``stage_host``).
+A CUDA IPC transport would be a third kind of ``Payload`` reference beside inline and shm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import weakref
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from duplex.config.pipeline import RelayConfig
+from duplex.runtime import shm
+from duplex.runtime.codec import Packed, pack, unpack
+from duplex.runtime.messages import DataReady, Payload, ShmRef
+
+MIN_BLOCK = 64 * 1024
+
+
+@dataclass
+class _Block:
+    block_id: int
+    segment: shm.Segment
+    size: int
+
+
+class ShmPool:
+    """Blocks in power-of-two size classes, one segment each, reused through free lists."""
+
+    def __init__(self, name_prefix: str, capacity_bytes: int) -> None:
+        self._prefix = name_prefix
+        self._capacity = capacity_bytes
+        self._free: dict[int, list[_Block]] = {}
+        self._used: dict[int, _Block] = {}
+        self._allocated = 0
+        self._ids = itertools.count(1)
+
+    @staticmethod
+    def size_class(nbytes: int) -> int:
+        return max(MIN_BLOCK, 1 << (max(nbytes, 1) - 1).bit_length())
+
+    def acquire(self, nbytes: int) -> _Block | None:
+        size = self.size_class(nbytes)
+        free = self._free.get(size)
+        if free:
+            block = free.pop()
+        else:
+            if size > self._capacity:
+                raise ValueError(f"payload of {nbytes} bytes exceeds the relay pool ({self._capacity} bytes)")
+            if self._allocated + size > self._capacity and not self._evict_free(size):
+                return None
+            block_id = next(self._ids)
+            segment = shm.Segment.create(f"{self._prefix}{block_id}", size)
+            block = _Block(block_id, segment, size)
+            self._allocated += size
+        self._used[block.block_id] = block
+        return block
+
+    def release(self, block_id: int) -> bool:
+        block = self._used.pop(block_id, None)
+        if block is None:
+            return False
+        self._free.setdefault(block.size, []).append(block)
+        return True
+
+    @property
+    def used_blocks(self) -> int:
+        return len(self._used)
+
+    def _evict_free(self, needed: int) -> bool:
+        for size in sorted(self._free, reverse=True):
+            while self._free[size] and self._allocated + needed > self._capacity:
+                block = self._free[size].pop()
+                self._destroy(block)
+        return self._allocated + needed <= self._capacity
+
+    def _destroy(self, block: _Block) -> None:
+        block.segment.close()
+        block.segment.unlink()
+        self._allocated -= block.size
+
+    def close(self) -> None:
+        for block in [*self._used.values(), *(b for blocks in self._free.values() for b in blocks)]:
+            self._destroy(block)
+        self._used.clear()
+        self._free.clear()
+
+
+class RelayWriter:
+    def __init__(self, owner_prefix: str, cfg: RelayConfig, use_shm: bool = True) -> None:
+        self._cfg = cfg
+        self._use_shm = use_shm
+        self._pool = ShmPool(owner_prefix, cfg.pool_bytes) if use_shm else None
+        self._in_flight: dict[int, tuple[str, float]] = {}  # block -> (consumer, deadline)
+        self._per_peer: dict[str, int] = {}
+
+    def pack(self, value: Any) -> Packed:
+        return pack(value)
+
+    def payload_for(self, packed: Packed, dst: str) -> Payload | None:
+        """The payload to send to ``dst``, or None while no credit or pool space is free."""
+        if self._pool is None or packed.nbytes <= self._cfg.inline_max_bytes:
+            return Payload(meta=packed.meta, inline=packed.to_bytes() if packed.nbytes else b"")
+        if self._per_peer.get(dst, 0) >= self._cfg.credits_per_peer:
+            return None
+        block = self._pool.acquire(packed.nbytes)
+        if block is None:
+            return None
+        packed.write_into(block.segment.buf)
+        self._in_flight[block.block_id] = (dst, time.monotonic() + self._cfg.ack_timeout_s)
+        self._per_peer[dst] = self._per_peer.get(dst, 0) + 1
+        ref = ShmRef(segment=block.segment.name, offset=0, nbytes=packed.nbytes, block_id=block.block_id)
+        return Payload(meta=packed.meta, shm=ref)
+
+    def on_ack(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            self._free(block_id)
+
+    def expire(self, now: float | None = None) -> list[int]:
+        """Reclaim blocks whose ack is overdue (their consumer is gone or stuck)."""
+        now = time.monotonic() if now is None else now
+        overdue = [b for b, (_, deadline) in self._in_flight.items() if deadline <= now]
+        for block_id in overdue:
+            self._free(block_id)
+        return overdue
+
+    def forget_peer(self, dst: str) -> None:
+        for block_id in [b for b, (peer, _) in self._in_flight.items() if peer == dst]:
+            self._free(block_id)
+
+    def _free(self, block_id: int) -> None:
+        entry = self._in_flight.pop(block_id, None)
+        if entry is None:
+            return  # a late or duplicate ack: already reclaimed
+        self._per_peer[entry[0]] -= 1
+        assert self._pool is not None
+        self._pool.release(block_id)
+
+    @property
+    def blocks_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+
+class RelayReader:
+    """Consumer side. ``release(producer, block_id)`` may be called from any thread."""
+
+    def __init__(self, release: Callable[[str, int], None], zero_copy_min_bytes: int | None = 1 << 20,
+                 max_attached: int = 256) -> None:
+        self._release = release
+        self._zero_copy_min = zero_copy_min_bytes
+        self._attached: OrderedDict[str, shm.Segment] = OrderedDict()
+        self._max_attached = max_attached
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def decode(self, payload: Payload, producer: str) -> Any:
+        if payload.shm is None:
+            buffer = bytearray(payload.inline) if payload.inline else None
+            return unpack(payload.meta, buffer, copy=False)
+        ref = payload.shm
+        segment = self._segment(ref.segment)
+        window = memoryview(segment.buf)[ref.offset:ref.offset + ref.nbytes]
+        if self._zero_copy_min is None or ref.nbytes < self._zero_copy_min:
+            try:
+                return unpack(payload.meta, window, copy=True)
+            finally:
+                self._release(producer, ref.block_id)
+        with self._lock:
+            self._held += 1
+        return unpack(payload.meta, window, copy=False,
+                      on_view=lambda flat: weakref.finalize(flat, self._view_gone, producer, ref.block_id))
+
+    def discard(self, payload: Payload | None, producer: str) -> None:
+        """Give back a payload's block unread (its request was aborted)."""
+        if payload is not None and payload.shm is not None:
+            self._release(producer, payload.shm.block_id)
+
+    def _view_gone(self, producer: str, block_id: int) -> None:
+        with self._lock:
+            self._held -= 1
+        self._release(producer, block_id)
+
+    @property
+    def blocks_held(self) -> int:
+        return self._held
+
+    def _segment(self, name: str) -> shm.Segment:
+        segment = self._attached.get(name)
+        if segment is None:
+            segment = shm.Segment.attach(name)
+            self._attached[name] = segment
+            while len(self._attached) > self._max_attached:
+                _, old = self._attached.popitem(last=False)
+                old.close()
+        else:
+            self._attached.move_to_end(name)
+        return segment
+
+    def forget_segments(self, name_prefix: str) -> None:
+        for name in [n for n in self._attached if n.startswith(name_prefix)]:
+            self._attached.pop(name).close()
+
+    def close(self) -> None:
+        for segment in self._attached.values():
+            segment.close()
+        self._attached.clear()
+
+
+
+class Outlet:
+    """A producer's sending side: per-consumer FIFO of items waiting for credit, so per
+    (request, consumer) order holds even when the pool or the credits run out."""
+
+    def __init__(self, writer: RelayWriter, send: Callable[[str, DataReady], None]) -> None:
+        self.writer = writer
+        self._send = send
+        self._pending: dict[str, deque[tuple[DataReady, Packed]]] = {}
+
+    def submit(self, msg: DataReady, packed: Packed) -> None:
+        self._pending.setdefault(msg.dst, deque()).append((msg, packed))
+        self.flush(msg.dst)
+
+    def flush(self, dst: str | None = None) -> None:
+        for peer in [dst] if dst is not None else list(self._pending):
+            queue = self._pending.get(peer)
+            while queue:
+                msg, packed = queue[0]
+                payload = self.writer.payload_for(packed, peer)
+                if payload is None:
+                    break  # no credit yet: the next ack flushes again, in order
+                queue.popleft()
+                msg.payload = payload
+                self._send(peer, msg)
+
+    def on_ack(self, block_ids: list[int]) -> None:
+        self.writer.on_ack(block_ids)
+        self.flush()
+
+    def expire(self) -> int:
+        overdue = self.writer.expire()
+        if overdue:
+            self.flush()
+        return len(overdue)
+
+    def drop_request(self, request_id: str) -> None:
+        for peer, queue in self._pending.items():
+            self._pending[peer] = deque(item for item in queue if item[0].request_id != request_id)
+
+    def forget_peer(self, dst: str) -> None:
+        self._pending.pop(dst, None)
+        self.writer.forget_peer(dst)
+        self.flush()
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._pending.values())
+
+    def close(self) -> None:
+        self._pending.clear()
+        self.writer.close()

@@ -1,0 +1,17 @@
+"""Scheduler kinds by name: the one place that maps a config's ``kind`` to a class."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from duplex.config.pipeline import StageConfig
+from duplex.runtime.scheduler import Scheduler
+from duplex.runtime.schedulers.simple import SimpleScheduler
+
+SCHEDULERS: dict[str, Callable[[StageConfig, object], Scheduler]] = {
+    "simple": SimpleScheduler,
+}
+
+
+def make_scheduler(stage: StageConfig, computation: object) -> Scheduler:
+    return SCHEDULERS[stage.scheduler.kind](stage, computation)

@@ -1,0 +1,144 @@
+"""``simple``: get -> fn -> put, with optional batching (max batch size, max wait).
+
+The computation is ``fn(items, states) -> outputs per item`` (see ``BatchComputation``). A
+batch never holds two items of one request, so per-request state is touched by one row at a
+time; ``batch_key`` (optional) keeps rows of one batch alike (e.g. same chunk length).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Hashable, Protocol
+
+from duplex.config.pipeline import SimpleSchedulerConfig, StageConfig
+from duplex.runtime.scheduler import AbortCommand, Emit, Scheduler, WorkItem
+
+
+class BatchComputation(Protocol):
+    def __call__(self, items: list[WorkItem], states: list[dict]) -> list[list[Any]]: ...
+
+
+class SimpleScheduler(Scheduler):
+    def __init__(self, stage: StageConfig, computation: Callable[..., list[list[Any]]]) -> None:
+        super().__init__(stage.name)
+        if not isinstance(stage.scheduler, SimpleSchedulerConfig):
+            raise TypeError(f"stage {stage.name}: SimpleScheduler needs a simple scheduler config")
+        self._cfg = stage.scheduler
+        self._fn = computation
+        self._batch_key: Callable[[WorkItem], Hashable] | None = getattr(computation, "batch_key", None)
+        self._waiting: deque[WorkItem] = deque()
+        self._states: dict[str, dict] = {}
+        self._aborted_in_batch: set[str] = set()
+        self._lock = threading.Lock()  # guards _waiting/_states for stats readers
+
+    # -- stats (any thread) -------------------------------------------------------------------
+    def live_requests(self) -> set[str]:
+        with self._lock:
+            return set(self._states) | {item.request_id for item in self._waiting}
+
+    def resources(self) -> dict[str, int]:
+        with self._lock:
+            return {"queued_items": len(self._waiting), "request_states": len(self._states)}
+
+    # -- loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            if not self._collect(block=not self._waiting):
+                return
+            batch = self._next_batch()
+            if batch:
+                self._process(batch)
+
+    def _collect(self, block: bool) -> bool:
+        """Move inbox entries into the waiting line; False once told to stop.
+
+        With ``max_wait_ms`` the first arrival opens a window in which more rows may join."""
+        try:
+            entry = self.inbox.get() if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return True
+        window = self._cfg.max_wait_ms / 1000
+        deadline = time.monotonic() + window if window > 0 else None
+        while True:
+            if entry is None:
+                return False
+            self._accept(entry)
+            try:
+                entry = self.inbox.get_nowait()
+                continue
+            except queue.Empty:
+                pass
+            if deadline is None or len(self._waiting) >= self._cfg.max_batch_size:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            try:
+                entry = self.inbox.get(timeout=remaining)
+            except queue.Empty:
+                return True
+
+    def _accept(self, entry: WorkItem | AbortCommand) -> None:
+        if isinstance(entry, AbortCommand):
+            self._forget(entry.request_id)
+            return
+        with self._lock:
+            self._waiting.append(entry)
+
+    def _next_batch(self) -> list[WorkItem]:
+        batch: list[WorkItem] = []
+        taken: set[str] = set()
+        key = None
+        with self._lock:
+            kept: deque[WorkItem] = deque()
+            while self._waiting:
+                item = self._waiting.popleft()
+                item_key = self._batch_key(item) if self._batch_key else None
+                fits = len(batch) < self._cfg.max_batch_size and item.request_id not in taken
+                if fits and (not batch or item_key == key):
+                    batch.append(item)
+                    taken.add(item.request_id)
+                    key = item_key
+                else:
+                    kept.append(item)
+            self._waiting = kept
+            for item in batch:
+                self._states.setdefault(item.request_id, {})
+        return batch
+
+    def _process(self, batch: list[WorkItem]) -> None:
+        states = [self._states[item.request_id] for item in batch]
+        try:
+            outputs = self._fn(batch, states)
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"returned {len(outputs)} outputs for {len(batch)} items")
+        except Exception as exc:
+            for item in batch:
+                self.outbox.put(Emit(item.request_id, error=f"{self.name}: {exc!r}"))
+                self._forget(item.request_id)
+            return
+        for item, produced in zip(batch, outputs):
+            self._emit(item, list(produced))
+
+    def _emit(self, item: WorkItem, produced: list[Any]) -> None:
+        if item.request_id not in self._states:
+            return  # aborted while its step ran: its outputs must not leave the stage
+        if not item.eos:
+            for data in produced:
+                self.outbox.put(Emit(item.request_id, data))
+            return
+        last = produced.pop() if produced else None
+        for data in produced:
+            self.outbox.put(Emit(item.request_id, data))
+        self.outbox.put(Emit(item.request_id, last, eos=True))
+        with self._lock:
+            self._states.pop(item.request_id, None)
+
+    def _forget(self, request_id: str) -> None:
+        with self._lock:
+            self._waiting = deque(i for i in self._waiting if i.request_id != request_id)
+            self._states.pop(request_id, None)
+        self._run_abort_callbacks(request_id)

