@@ -35,11 +35,13 @@ class SimpleSchedulerConfig(_Strict):
 class ARSchedulerConfig(_Strict):
     kind: Literal["ar"] = "ar"
     max_running_requests: int = Field(8, ge=1)
+    lookahead: bool = True  # compute step N while step N-1's outputs are shipped
 
 
 class FeedbackARSchedulerConfig(_Strict):
     kind: Literal["feedback_ar"] = "feedback_ar"
     max_running_requests: int = Field(8, ge=1)
+    lookahead: bool = True
 
 
 SchedulerConfig = Annotated[

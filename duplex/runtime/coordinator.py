@@ -44,6 +44,7 @@ class StageStatsView:
     pid: int
     live_requests: int
     resources: dict[str, int]
+    counters: dict[str, int]
     request_ids: list[str]
 
     @property
@@ -203,7 +204,8 @@ class Coordinator:
         missing = [s.name for s in self.cfg.stages if s.name not in collected]
         if missing:
             raise TimeoutError(f"no stats from stages {missing} within {timeout}s")
-        return {name: StageStatsView(s.stage, s.pid, s.live_requests, dict(s.resources), list(s.request_ids))
+        return {name: StageStatsView(s.stage, s.pid, s.live_requests, dict(s.resources), dict(s.counters),
+                                     list(s.request_ids))
                 for name, s in collected.items()}
 
     async def wait_idle(self, timeout: float = 5.0, interval: float = 0.005) -> dict[str, StageStatsView]:
@@ -244,7 +246,7 @@ class Coordinator:
         if sock is None:
             sock = self._socket(zmq.PUSH, connect=self.procs.addresses[dst])
             self._pushes[dst] = sock
-        sock.send(m.encode(message), copy=False)
+        sock.send(m.encode(message))
 
     def _queue_ack(self, producer: str, block_id: int) -> None:
         self._acks.setdefault(producer, []).append(block_id)

@@ -87,6 +87,7 @@ class StageStats(msgspec.Struct, tag=True):
     pid: int
     live_requests: int
     resources: dict[str, int]
+    counters: dict[str, int] = {}  # cumulative: admitted, finished, aborted, dropped_late
     request_ids: list[str] = []
 
 

@@ -54,7 +54,9 @@ class StageProcesses:
         spec = HostSpec(run_id=self.run_id, process=process, pipeline=self.cfg.model_dump(),
                         addresses=self.addresses, tombstones=tombstones or [],
                         use_shm=self.cfg.control.transport == "ipc")
-        proc = self._mp.Process(target=host_main, args=(spec, dict(self.builders)),
+        # only this process's builders: each is pickled by reference, so its module gets imported
+        needed = {s.builder: self.builders[s.builder] for s in self.cfg.processes()[process]}
+        proc = self._mp.Process(target=host_main, args=(spec, needed),
                                 name=f"duplex-{process}", daemon=True)
         proc.start()
         self.procs[process] = proc

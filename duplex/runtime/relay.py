@@ -32,9 +32,8 @@ from duplex.runtime.messages import DataReady, Payload, ShmRef
 MIN_BLOCK = 64 * 1024
 
 
-@dataclass
+@dataclass(eq=False)
 class _Block:
-    block_id: int
     segment: shm.Segment
     size: int
 
@@ -46,9 +45,9 @@ class ShmPool:
         self._prefix = name_prefix
         self._capacity = capacity_bytes
         self._free: dict[int, list[_Block]] = {}
-        self._used: dict[int, _Block] = {}
         self._allocated = 0
-        self._ids = itertools.count(1)
+        self._used = 0
+        self._names = itertools.count(1)
 
     @staticmethod
     def size_class(nbytes: int) -> int:
@@ -64,29 +63,23 @@ class ShmPool:
                 raise ValueError(f"payload of {nbytes} bytes exceeds the relay pool ({self._capacity} bytes)")
             if self._allocated + size > self._capacity and not self._evict_free(size):
                 return None
-            block_id = next(self._ids)
-            segment = shm.Segment.create(f"{self._prefix}{block_id}", size)
-            block = _Block(block_id, segment, size)
+            block = _Block(shm.Segment.create(f"{self._prefix}{next(self._names)}", size), size)
             self._allocated += size
-        self._used[block.block_id] = block
+        self._used += 1
         return block
 
-    def release(self, block_id: int) -> bool:
-        block = self._used.pop(block_id, None)
-        if block is None:
-            return False
+    def release(self, block: _Block) -> None:
+        self._used -= 1
         self._free.setdefault(block.size, []).append(block)
-        return True
 
     @property
     def used_blocks(self) -> int:
-        return len(self._used)
+        return self._used
 
     def _evict_free(self, needed: int) -> bool:
         for size in sorted(self._free, reverse=True):
             while self._free[size] and self._allocated + needed > self._capacity:
-                block = self._free[size].pop()
-                self._destroy(block)
+                self._destroy(self._free[size].pop())
         return self._allocated + needed <= self._capacity
 
     def _destroy(self, block: _Block) -> None:
@@ -94,10 +87,9 @@ class ShmPool:
         block.segment.unlink()
         self._allocated -= block.size
 
-    def close(self) -> None:
-        for block in [*self._used.values(), *(b for blocks in self._free.values() for b in blocks)]:
+    def close(self, in_use: list[_Block]) -> None:
+        for block in [*in_use, *(b for blocks in self._free.values() for b in blocks)]:
             self._destroy(block)
-        self._used.clear()
         self._free.clear()
 
 
@@ -106,7 +98,10 @@ class RelayWriter:
         self._cfg = cfg
         self._use_shm = use_shm
         self._pool = ShmPool(owner_prefix, cfg.pool_bytes) if use_shm else None
-        self._in_flight: dict[int, tuple[str, float]] = {}  # block -> (consumer, deadline)
+        # ticket -> (block, consumer, deadline); a ticket names one use of a block, so a late
+        # ack for an earlier use can never free the block's current use
+        self._in_flight: dict[int, tuple[_Block, str, float]] = {}
+        self._tickets = itertools.count(1)
         self._per_peer: dict[str, int] = {}
 
     def pack(self, value: Any) -> Packed:
@@ -122,9 +117,10 @@ class RelayWriter:
         if block is None:
             return None
         packed.write_into(block.segment.buf)
-        self._in_flight[block.block_id] = (dst, time.monotonic() + self._cfg.ack_timeout_s)
+        ticket = next(self._tickets)
+        self._in_flight[ticket] = (block, dst, time.monotonic() + self._cfg.ack_timeout_s)
         self._per_peer[dst] = self._per_peer.get(dst, 0) + 1
-        ref = ShmRef(segment=block.segment.name, offset=0, nbytes=packed.nbytes, block_id=block.block_id)
+        ref = ShmRef(segment=block.segment.name, offset=0, nbytes=packed.nbytes, block_id=ticket)
         return Payload(meta=packed.meta, shm=ref)
 
     def on_ack(self, block_ids: list[int]) -> None:
@@ -134,22 +130,22 @@ class RelayWriter:
     def expire(self, now: float | None = None) -> list[int]:
         """Reclaim blocks whose ack is overdue (their consumer is gone or stuck)."""
         now = time.monotonic() if now is None else now
-        overdue = [b for b, (_, deadline) in self._in_flight.items() if deadline <= now]
+        overdue = [t for t, (_, _, deadline) in self._in_flight.items() if deadline <= now]
         for block_id in overdue:
             self._free(block_id)
         return overdue
 
     def forget_peer(self, dst: str) -> None:
-        for block_id in [b for b, (peer, _) in self._in_flight.items() if peer == dst]:
-            self._free(block_id)
+        for ticket in [t for t, (_, peer, _) in self._in_flight.items() if peer == dst]:
+            self._free(ticket)
 
-    def _free(self, block_id: int) -> None:
-        entry = self._in_flight.pop(block_id, None)
-        if entry is None:
+    def _free(self, ticket: int) -> None:
+        entry = self._in_flight.pop(ticket, None)
+        if entry is None or self._pool is None:
             return  # a late or duplicate ack: already reclaimed
-        self._per_peer[entry[0]] -= 1
-        assert self._pool is not None
-        self._pool.release(block_id)
+        block, peer, _ = entry
+        self._per_peer[peer] -= 1
+        self._pool.release(block)
 
     @property
     def blocks_in_flight(self) -> int:
@@ -157,7 +153,8 @@ class RelayWriter:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.close()
+            self._pool.close([block for block, _, _ in self._in_flight.values()])
+            self._in_flight.clear()
 
 
 class RelayReader:

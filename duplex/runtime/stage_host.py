@@ -96,6 +96,8 @@ class _HostedStage:
     scheduler: Scheduler
     outlet: Outlet
     reader: RelayReader
+    counters: dict[str, int] = field(
+        default_factory=lambda: {"admitted": 0, "finished": 0, "aborted": 0, "dropped_late": 0})
 
 
 class StageHost:
@@ -108,6 +110,7 @@ class StageHost:
         self.ctx = zmq.Context()
         self.pushes: dict[str, zmq.Socket] = {}
         self.inboxes: dict[zmq.Socket, str] = {}
+        self.sub: zmq.Socket | None = None
         self.running = True
         self._build(builders)
 
@@ -134,6 +137,7 @@ class StageHost:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(self.spec.addresses["control"])
+        self.sub = sub
         return sub
 
     def _push(self, dst: str) -> zmq.Socket:
@@ -146,7 +150,7 @@ class StageHost:
         return sock
 
     def _send(self, dst: str, message: m.Message) -> None:
-        self._push(dst).send(m.encode(message), copy=False)
+        self._push(dst).send(m.encode(message))
 
     # -- main loop ----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -213,6 +217,7 @@ class StageHost:
         rid = msg.request_id
         if rid in self.tombstones or hosted.shell.finished(rid) or msg.error is not None:
             hosted.reader.discard(msg.payload, msg.src)
+            hosted.counters["dropped_late"] += msg.error is None
             if msg.error is not None:
                 self._abort(rid)
             return
@@ -227,6 +232,7 @@ class StageHost:
                  params: dict | None) -> None:
         shell = hosted.shell
         if rid in self.tombstones or shell.finished(rid):
+            hosted.counters["dropped_late"] += 1
             return
         first = not shell.knows(rid)
         try:
@@ -234,10 +240,11 @@ class StageHost:
         except ValueError as exc:
             self._fail(hosted, rid, str(exc))
             return
-        if first:
-            self._send(COORDINATOR, m.Progress(request_id=rid, stage=shell.name, event="admitted"))
         for item in items:
             hosted.scheduler.inbox.put(item)
+        if first:
+            hosted.counters["admitted"] += 1
+            self._send(COORDINATOR, m.Progress(request_id=rid, stage=shell.name, event="admitted"))
 
     # -- data out -----------------------------------------------------------------------------
     def _on_emits(self, stage: str) -> None:
@@ -247,7 +254,8 @@ class StageHost:
                 log.error("%s", emit.error)
                 raise SystemExit(1)  # the supervisor restarts this process
             if emit.request_id in self.tombstones:
-                continue  # aborted while its step ran
+                hosted.counters["dropped_late"] += 1  # aborted while its step ran
+                continue
             if emit.error is not None:
                 self._fail(hosted, emit.request_id, emit.error)
                 continue
@@ -295,11 +303,13 @@ class StageHost:
     def _abort(self, rid: str) -> None:
         self._tombstone(rid)
         for hosted in self.stages.values():
+            hosted.counters["aborted"] += hosted.shell.knows(rid)
             hosted.outlet.drop_request(rid)
             hosted.scheduler.abort(rid)
             hosted.shell.forget(rid)
 
     def _release(self, hosted: _HostedStage, rid: str) -> None:
+        hosted.counters["finished"] += 1
         hosted.shell.finish(rid)
         self._send(COORDINATOR, m.Progress(request_id=rid, stage=hosted.shell.name, event="released"))
 
@@ -317,18 +327,20 @@ class StageHost:
             "relay_blocks_in": hosted.reader.blocks_held,
             "pending_sends": hosted.outlet.waiting,
             "buffered_inputs": hosted.shell.buffered_items(),
+            "inbox_items": hosted.scheduler.inbox.qsize(),
             **hosted.scheduler.resources(),
         }
         return m.StageStats(query_id=query_id, stage=name, pid=os.getpid(), live_requests=len(live),
-                            resources=resources, request_ids=sorted(live)[:50])
+                            resources=resources, counters=dict(hosted.counters), request_ids=sorted(live)[:50])
 
     def _close(self) -> None:
         for hosted in self.stages.values():
             hosted.scheduler.stop()
             hosted.reader.close()
             hosted.outlet.close()
-        for sock in [*self.inboxes, *self.pushes.values()]:
-            sock.close(linger=0)
+        for sock in [*self.inboxes, *self.pushes.values(), self.sub]:
+            if sock is not None:
+                sock.close(linger=0)
         self.ctx.term()
 
 

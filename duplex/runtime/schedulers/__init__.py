@@ -6,10 +6,13 @@ from typing import Callable
 
 from duplex.config.pipeline import StageConfig
 from duplex.runtime.scheduler import Scheduler
+from duplex.runtime.schedulers.ar import ARScheduler, FeedbackARScheduler
 from duplex.runtime.schedulers.simple import SimpleScheduler
 
 SCHEDULERS: dict[str, Callable[[StageConfig, object], Scheduler]] = {
     "simple": SimpleScheduler,
+    "ar": ARScheduler,
+    "feedback_ar": FeedbackARScheduler,
 }
 
 

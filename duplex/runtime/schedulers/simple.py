@@ -48,9 +48,8 @@ class SimpleScheduler(Scheduler):
         while not self._stopping.is_set():
             if not self._collect(block=not self._waiting):
                 return
-            batch = self._next_batch()
-            if batch:
-                self._process(batch)
+            # no local name for the batch: its inputs (maybe shm views) must die before we block
+            self._process(self._next_batch())
 
     def _collect(self, block: bool) -> bool:
         """Move inbox entries into the waiting line; False once told to stop.
@@ -110,6 +109,8 @@ class SimpleScheduler(Scheduler):
         return batch
 
     def _process(self, batch: list[WorkItem]) -> None:
+        if not batch:
+            return
         states = [self._states[item.request_id] for item in batch]
         try:
             outputs = self._fn(batch, states)

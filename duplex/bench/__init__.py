@@ -1,0 +1,1 @@
+"""Benchmarks: each prints a table of numbers measured side by side in one run."""

@@ -1,0 +1,90 @@
+"""`duplex` command line: serve, check-config, bench, model, scenario.
+
+Each command lives in its own module and registers itself here with ``add_parser``; commands
+that take a pipeline accept dotted overrides after their options (``--thinker.threads 2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from duplex.config import ConfigError, check_pipeline, load_pipeline
+
+
+def _check_config(args: argparse.Namespace, overrides: list[str]) -> int:
+    from duplex.models.registry import BUILDERS
+
+    try:
+        cfg = load_pipeline(args.file, overrides)
+        check_pipeline(cfg, BUILDERS)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stages = ", ".join(f"{s.name}[{s.scheduler.kind}@{s.process_name}/{s.device}]" for s in cfg.stages)
+    print(f"ok: {cfg.name}: {stages}")
+    return 0
+
+
+def _add_check_config(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("check-config", help="validate a pipeline config (graph, builders, budgets)")
+    parser.add_argument("file", help="YAML file, or a name in configs/ (e.g. local)")
+    parser.set_defaults(func=_check_config, takes_overrides=True)
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from duplex.bench import pipeline, relay
+
+    parser = sub.add_parser("bench", help="benchmarks that print tables (and --json results)")
+    bench = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    relay.add_parser(bench)
+    pipeline.add_parser(bench)
+
+
+def _add_model(sub: argparse._SubParsersAction) -> None:
+    from duplex.models.qwen3_omni import commands as qwen3_omni
+
+    parser = sub.add_parser("model", help="model checkpoints: make, convert")
+    model = parser.add_subparsers(dest="model", required=True, metavar="ACTION")
+    qwen3_omni.add_parser(model)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from duplex.edge import serve
+
+    serve.add_parser(sub)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_serve,
+    _add_check_config,
+    _add_bench,
+    _add_model,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="duplex", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return int(args.func(args, extra) or 0)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

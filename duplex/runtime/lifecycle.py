@@ -1,0 +1,35 @@
+"""Run until Ctrl-C or SIGTERM, then stop everything: children, shared memory, sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from contextlib import suppress
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopSignals:
+    """Catches SIGINT/SIGTERM from the moment it is made (make it before announcing readiness,
+    or a signal sent right after the announcement kills the process the hard way)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._received: asyncio.Future[signal.Signals] = self._loop.create_future()
+        for sig in STOP_SIGNALS:
+            self._loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if not self._received.done():
+            self._received.set_result(sig)
+
+    async def wait(self) -> signal.Signals:
+        try:
+            return await self._received
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for sig in STOP_SIGNALS:
+            with suppress(Exception):
+                self._loop.remove_signal_handler(sig)

@@ -1,0 +1,288 @@
+"""``ar``: continuous batching over a fixed pool of KV slots, with one-step lookahead.
+
+The scheduler knows requests, slots and steps; the model runner (``StepRunner``) knows tensors.
+Each loop iteration:
+
+1. take inbox entries: inputs are fed to the runner (or queued while the request waits for a
+   slot), aborts mark the request;
+2. admit waiting requests while slots are free (capacity = min(max_running_requests, the
+   runner's slots, which it sized from the stage's memory budget));
+3. plan step N over every live row the runner says is ready, and start its compute;
+4. resolve step N-1 (computed while step N was being planned) and emit its outputs;
+5. free the slots of requests that finished or were aborted, once no step in flight uses them.
+
+Lookahead guard: a row that finished or was aborted is never planned again; a step already in
+flight that contains it still runs, its outputs for that row are dropped, and the slot is
+released only after that step resolves, so the runner never reads a freed slot and each slot is
+released exactly once (``SlotPool`` raises otherwise).
+
+With ``lookahead`` the compute runs on one worker thread, so step N computes while step N-1's
+outputs are shipped (torch releases the GIL); without it each step resolves before the next.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from duplex.config.pipeline import ARSchedulerConfig, FeedbackARSchedulerConfig, StageConfig
+from duplex.runtime.scheduler import AbortCommand, Emit, Scheduler, WorkItem
+from duplex.runtime.schedulers.kv_slots import SlotPool
+
+_FORGOTTEN_KEEP = 4096  # finished request ids remembered so late inputs are dropped, not revived
+
+
+@dataclass
+class RowOutput:
+    """What one row produced in one step: chunks to emit, and whether the request is done."""
+
+    emits: list[Any] = field(default_factory=list)
+    done: bool = False
+    final: Any = None  # data of the eos emit when done
+    error: str | None = None
+
+
+class StepRunner(Protocol):
+    """A model's side of an AR stage. Slots are chosen by the scheduler, in [0, capacity)."""
+
+    capacity: int
+
+    def open(self, slot: int, request_id: str, params: dict) -> None: ...
+
+    def feed(self, slot: int, source: str, data: Any, eos: bool) -> None:
+        """One input of the request in ``slot``; raise ValueError for bad input (fails that request)."""
+
+    def ready(self, slot: int) -> bool:
+        """Whether the row has work for the next step (inputs arrived, not waiting on feedback)."""
+
+    def plan(self, slots: list[int]) -> Any:
+        """Book one step for these rows (scheduler thread; no tensor reads of earlier steps)."""
+
+    def compute(self, plan: Any) -> Any:
+        """Run the step (worker thread, in plan order)."""
+
+    def resolve(self, plan: Any, raw: Any) -> dict[int, RowOutput]: ...
+
+    def close(self, slot: int) -> None:
+        """Drop every bit of the slot's state; the slot may be reused next."""
+
+    def held(self) -> dict[str, int]:
+        """Extra resources the runner holds (e.g. ``feedback_rows``), for stats."""
+
+
+@dataclass
+class _Row:
+    request_id: str
+    slot: int
+    done: bool = False
+
+
+@dataclass
+class _Step:
+    slots: list[int]
+    plan: Any
+    result: Future | Any
+
+
+class ARScheduler(Scheduler):
+    config_type: type = ARSchedulerConfig
+
+    def __init__(self, stage: StageConfig, runner: StepRunner) -> None:
+        super().__init__(stage.name)
+        if not isinstance(stage.scheduler, self.config_type):
+            raise TypeError(f"stage {stage.name}: {type(self).__name__} needs a {self.config_type.__name__}")
+        self._cfg = stage.scheduler
+        self.runner = runner
+        self._pool = SlotPool(min(self._cfg.max_running_requests, runner.capacity))
+        self._waiting: OrderedDict[str, list[WorkItem]] = OrderedDict()
+        self._rows: dict[str, _Row] = {}
+        self._closing: dict[int, str] = {}  # slot -> request id, released after the step in flight
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
+        self._outstanding: list[_Step] = []  # launched, not yet resolved (at most two)
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"step-{stage.name}") if self._cfg.lookahead else None
+
+    # -- stats (any thread) -------------------------------------------------------------------
+    def live_requests(self) -> set[str]:
+        with self._lock:
+            return set(self._waiting) | set(self._rows) | set(self._closing.values())
+
+    def resources(self) -> dict[str, int]:
+        with self._lock:
+            held = {
+                "kv_slots": self._pool.in_use,
+                "queued_items": sum(len(items) for items in self._waiting.values()),
+            }
+            held.update(self.runner.held())
+            return held
+
+    def stop(self) -> None:
+        super().stop()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # -- loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self._admit()
+            idle = not self._outstanding and not self._ready_rows()
+            if not self._intake(block=idle):
+                return
+            self._admit()
+            step = self._launch(self._ready_rows())
+            if step is not None:
+                self._outstanding.append(step)
+            # Lookahead: keep the step just launched in flight while the one before it resolves.
+            keep = 1 if step is not None and self._executor is not None else 0
+            while len(self._outstanding) > keep:
+                self._finish(self._outstanding.pop(0))
+            self._release_closing()
+
+    def _intake(self, block: bool) -> bool:
+        while True:
+            try:
+                entry = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            except queue.Empty:
+                if block and not self._stopping.is_set():
+                    continue
+                return not self._stopping.is_set()
+            if entry is None:
+                return False
+            if isinstance(entry, AbortCommand):
+                self._abort(entry.request_id)
+            else:
+                self._accept(entry)
+            block = False
+
+    def _accept(self, item: WorkItem) -> None:
+        rid = item.request_id
+        if rid in self._forgotten:
+            return  # inputs still in flight for a request this stage already ended
+        row = self._rows.get(rid)
+        if row is None:
+            with self._lock:
+                self._waiting.setdefault(rid, []).append(item)
+            return
+        self._feed(row, item)
+
+    def _feed(self, row: _Row, item: WorkItem) -> None:
+        if row.done:
+            return
+        try:
+            self.runner.feed(row.slot, item.source, item.data, item.eos)
+        except ValueError as exc:
+            self._end(row, Emit(row.request_id, error=f"{self.name}: {exc}"))
+
+    def _admit(self) -> None:
+        while self._waiting and self._pool.free:
+            with self._lock:
+                rid, items = self._waiting.popitem(last=False)
+                row = _Row(rid, self._pool.allocate(rid))
+                self._rows[rid] = row
+            self.runner.open(row.slot, rid, items[0].params)
+            for item in items:
+                self._feed(row, item)
+
+    def _ready_rows(self) -> list[int]:
+        return [row.slot for row in self._rows.values() if not row.done and self.runner.ready(row.slot)]
+
+    def _launch(self, slots: list[int]) -> _Step | None:
+        if not slots:
+            return None
+        try:
+            plan = self.runner.plan(slots)
+        except Exception as exc:  # a planning bug fails these rows, never the stage
+            self._fail_rows(slots, f"planning failed: {exc!r}")
+            return None
+        if self._executor is None:
+            return _Step(slots, plan, self._compute_now(plan))
+        return _Step(slots, plan, self._executor.submit(self.runner.compute, plan))
+
+    def _compute_now(self, plan: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(self.runner.compute(plan))
+        except Exception as exc:  # reported per row in _finish
+            future.set_exception(exc)
+        return future
+
+    def _finish(self, step: _Step) -> None:
+        try:
+            outputs = self.runner.resolve(step.plan, step.result.result())
+        except Exception as exc:  # one failed step fails its rows, never the stage
+            self._fail_rows(step.slots, f"step failed: {exc!r}")
+            return
+        by_slot = {row.slot: row for row in self._rows.values()}
+        for slot, out in outputs.items():
+            row = by_slot.get(slot)
+            if row is None or row.done:
+                continue  # lookahead guard: finished or aborted while this step was in flight
+            for data in out.emits:
+                self.outbox.put(Emit(row.request_id, data))
+            if out.error is not None:
+                self._end(row, Emit(row.request_id, error=f"{self.name}: {out.error}"))
+            elif out.done:
+                self._end(row, Emit(row.request_id, out.final, eos=True))
+
+    def _fail_rows(self, slots: list[int], reason: str) -> None:
+        wanted = set(slots)
+        for row in [r for r in self._rows.values() if r.slot in wanted and not r.done]:
+            self._end(row, Emit(row.request_id, error=f"{self.name}: {reason}"))
+
+    def _end(self, row: _Row, emit: Emit) -> None:
+        self.outbox.put(emit)
+        self._retire(row)
+
+    def _abort(self, request_id: str) -> None:
+        with self._lock:
+            self._waiting.pop(request_id, None)
+        row = self._rows.get(request_id)
+        if row is not None and not row.done:
+            self._retire(row)
+        self._remember(request_id)
+        self._run_abort_callbacks(request_id)
+
+    def _retire(self, row: _Row) -> None:
+        """No more steps for this row; its slot goes back once no step in flight holds it."""
+        row.done = True
+        self._remember(row.request_id)
+        with self._lock:
+            del self._rows[row.request_id]
+            self._closing[row.slot] = row.request_id
+        self._release_closing()
+
+    def _release_closing(self) -> None:
+        busy = {slot for step in self._outstanding for slot in step.slots}
+        for slot, rid in list(self._closing.items()):
+            if slot in busy:
+                continue
+            self.runner.close(slot)
+            with self._lock:
+                del self._closing[slot]
+                self._pool.release(slot, rid)
+
+    def _remember(self, request_id: str) -> None:
+        self._forgotten[request_id] = None
+        while len(self._forgotten) > _FORGOTTEN_KEEP:
+            self._forgotten.popitem(last=False)
+
+
+class FeedbackARScheduler(ARScheduler):
+    """``feedback_ar``: the same loop, for runners whose every step feeds the next one.
+
+    The runner keeps one feedback row per slot (the talker's codec embedding sum for its next
+    step) and must report it as ``feedback_rows`` so stats can show it freed; a row becomes ready
+    only when both its feedback and its streamed input for that step are there (partial start:
+    a request opens on its first upstream chunk, before the upstream has finished).
+    """
+
+    config_type = FeedbackARSchedulerConfig
+
+    def __init__(self, stage: StageConfig, runner: StepRunner) -> None:
+        super().__init__(stage, runner)
+        if "feedback_rows" not in runner.held():
+            raise TypeError(f"stage {stage.name}: a feedback_ar runner must report feedback_rows")
