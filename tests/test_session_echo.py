@@ -1,0 +1,81 @@
+"""Echo gating: the agent's own voice coming back at a reduced level is not the caller."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from duplex.edge.harness import espeak
+from duplex.models.toy_voice.synth import speak
+from duplex.session.config import EchoConfig, VadConfig
+from duplex.session.echo import EchoGate
+from duplex.session.vad import FrameClassifier, SpeechStarted, TurnDetector
+
+RATE = 16000
+FRAME = 320
+DELAY_S = 0.137
+
+
+@pytest.fixture(scope="module")
+def agent() -> np.ndarray:
+    words = "this is the toy voice answering your question at some length so you can hear it".split()
+    voice = np.concatenate([speak(w, i) for i, w in enumerate(words)])
+    return np.concatenate([np.zeros(RATE // 2, np.float32), voice, np.zeros(RATE, np.float32)])
+
+
+@pytest.fixture(scope="module")
+def user() -> np.ndarray:
+    return espeak("Wait, stop please", rate=RATE)
+
+
+def microphone(agent: np.ndarray, gain: float, user: np.ndarray | None = None, user_at_s: float = 0.0) -> np.ndarray:
+    delay = int(DELAY_S * RATE)
+    mic = gain * np.concatenate([np.zeros(delay, np.float32), agent])[: len(agent)]
+    mic = mic + np.random.default_rng(0).normal(0, 0.001, len(mic)).astype(np.float32)
+    if user is not None:
+        start = int(user_at_s * RATE)
+        mic[start:start + len(user)] += user[: len(mic) - start]
+    return mic
+
+
+def listen(agent: np.ndarray, mic: np.ndarray, echo: EchoConfig = EchoConfig()):
+    """Feed output and input frame by frame on one clock; return (speech starts, gate)."""
+    gate, vad = EchoGate(echo), FrameClassifier(VadConfig())
+    detector = TurnDetector(VadConfig())
+    starts = []
+    for i in range(len(agent) // FRAME):
+        now = 100.0 + (i + 1) * FRAME / RATE
+        gate.record_output((agent[i * FRAME:(i + 1) * FRAME] * 32767).astype(np.int16), now)
+        frame = (np.clip(mic[i * FRAME:(i + 1) * FRAME], -1, 1) * 32767).astype(np.int16)
+        is_echo = gate.is_echo(frame, now + 0.003)  # input arrives a little after the output left
+        event = detector.push(i * 20, vad.is_voiced(frame) and not is_echo)
+        if isinstance(event, SpeechStarted):
+            starts.append(event.onset_ms)
+    return starts, gate
+
+
+@pytest.mark.parametrize("gain", [0.1, 0.3, 0.6])
+def test_echo_alone_starts_no_turn(agent, gain):
+    starts, gate = listen(agent, microphone(agent, gain))
+    assert starts == []
+    assert gate.gated_frames > 50
+    assert abs(gate.delay_ms - 1000 * DELAY_S - 3) < 3  # the path's delay (+ the 3 ms arrival offset)
+
+
+def test_without_the_gate_the_same_echo_would_interrupt(agent):
+    starts, _ = listen(agent, microphone(agent, 0.3), EchoConfig(enabled=False))
+    assert starts, "the echo is loud enough for the VAD: the gate is what keeps it out"
+
+
+def test_the_caller_talking_over_the_echo_is_heard_at_once(agent, user):
+    user_at_s = 1.5
+    starts, _ = listen(agent, microphone(agent, 0.3, user, user_at_s))
+    assert starts, "barge-in over echo was missed"
+    onset_ms = 1000 * (user_at_s + np.flatnonzero(np.abs(user) > 0.05)[0] / RATE)
+    assert starts[0] - onset_ms < 60, (starts, onset_ms)
+
+
+def test_with_the_agent_silent_nothing_is_gated(user):
+    silence = np.zeros(3 * RATE, np.float32)
+    starts, gate = listen(silence, microphone(silence, 0.0, user, 0.5))
+    assert starts and gate.gated_frames == 0

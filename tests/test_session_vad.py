@@ -1,0 +1,85 @@
+"""Turn detection on real audio: espeak speech, noise bursts, silence (16 kHz, 20 ms frames)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from duplex.edge.harness import espeak
+from duplex.session.config import VadConfig
+from duplex.session.vad import FrameClassifier, SpeechStarted, SpeechStopped, TurnDetector
+
+RATE = 16000
+FRAME = 320
+
+
+@pytest.fixture(scope="module")
+def speech() -> np.ndarray:
+    return espeak("Could you tell me what time it is", rate=RATE)
+
+
+def run(audio: np.ndarray, config: VadConfig = VadConfig()) -> tuple[list, str]:
+    classifier, detector = FrameClassifier(config), TurnDetector(config)
+    pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
+    events, marks = [], ""
+    for i in range(len(pcm) // FRAME):
+        voiced = classifier.is_voiced(pcm[i * FRAME:(i + 1) * FRAME])
+        marks += "1" if voiced else "0"
+        event = detector.push(i * 20, voiced)
+        if event is not None:
+            events.append(event)
+    return events, marks
+
+
+def pad(audio: np.ndarray, before_s: float, after_s: float) -> np.ndarray:
+    return np.concatenate([np.zeros(int(before_s * RATE), np.float32), audio, np.zeros(int(after_s * RATE), np.float32)])
+
+
+def test_speech_gives_one_turn_with_onset_and_end_where_the_speech_is(speech):
+    events, _ = run(pad(speech, 1.0, 1.0))
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
+    duration_ms = 1000 * len(speech) / RATE
+    assert abs(events[0].onset_ms - 1000) <= 60
+    assert abs(events[1].end_ms - (1000 + duration_ms)) <= 120
+
+
+def test_end_of_turn_waits_for_the_configured_silence(speech):
+    short_pause = np.concatenate([speech, np.zeros(int(0.3 * RATE), np.float32), speech])
+    events, _ = run(pad(short_pause, 0.5, 1.0), VadConfig(silence_ms=500))
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]  # a 300 ms pause does not end it
+    events, _ = run(pad(short_pause, 0.5, 1.0), VadConfig(silence_ms=200))
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped] * 2
+
+
+@pytest.mark.parametrize("burst_ms", [20, 40])
+def test_noise_bursts_shorter_than_min_speech_start_no_turn(burst_ms):
+    noise = np.random.default_rng(burst_ms).normal(0, 0.3, RATE * burst_ms // 1000).astype(np.float32)
+    for offset in (0, 80, 160):  # aligned and straddling frame boundaries
+        events, marks = run(pad(noise, 0.5 + offset / RATE, 1.0))
+        assert events == [], marks
+
+
+def test_long_noise_counts_as_speech_so_the_short_burst_result_is_the_min_duration():
+    noise = np.random.default_rng(1).normal(0, 0.3, RATE // 4).astype(np.float32)
+    events, _ = run(pad(noise, 0.5, 1.0))
+    assert isinstance(events[0], SpeechStarted)
+
+
+def test_webrtcvad_hangover_after_a_click_is_not_speech():
+    click = np.random.default_rng(2).normal(0, 0.5, 960).astype(np.float32)
+    _, marks = run(pad(click, 0.5, 1.0))
+    voiced_after = marks[25 + 4:]
+    assert "1" not in voiced_after, marks  # webrtcvad alone keeps saying speech here
+
+
+def test_quiet_background_hiss_is_never_voiced():
+    hiss = np.random.default_rng(3).normal(0, 0.002, RATE * 2).astype(np.float32)
+    events, marks = run(hiss)
+    assert events == [] and "1" not in marks
+
+
+def test_config_rejects_bad_frame_sizes():
+    with pytest.raises(ValueError, match="10, 20 or 30"):
+        VadConfig(frame_ms=25)
+    with pytest.raises(ValueError, match="start_window_ms"):
+        VadConfig(min_speech_ms=200, start_window_ms=100)
