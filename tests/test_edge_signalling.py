@@ -169,6 +169,12 @@ async def test_bad_data_channel_events_get_error_events_and_the_session_survives
         done = await client.wait_event("response.done", timeout=5)
         assert done["response"]["id"] == created["response"]["id"]
         assert done["response"]["status"] == "cancelled"
+        client.send({"type": "response.create"})  # a reply without new speech
+        created = await client.wait_event("response.created", timeout=5, after=client.time_of(done))
+        await client.wait_event("output_audio_buffer.started", timeout=10, response_id=created["response"]["id"])
+        client.send({"type": "response.create"})
+        busy = await client.wait_event("error", timeout=5, after=client.time_of(created))
+        assert busy["error"]["code"] == "conversation_already_has_active_response"
     finally:
         await client.hang_up()
     await no_sessions_left(server.url)

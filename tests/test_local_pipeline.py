@@ -91,17 +91,16 @@ async def test_an_order_is_heard_answered_and_the_answer_is_speech(pipeline, ord
 
 async def test_barge_in_abort_frees_the_thinker_slots(pipeline, order_audio):
     handle = _feed_turn(pipeline, order_audio, session_id="barge-in")
-    seen = []
     async for event in handle:
-        assert not isinstance(event, RequestFinished), f"finished before any agent audio: {event}"
-        seen.append(event)
-        if event.stage == "tts" and event.data:
-            break  # the agent is speaking: the user talks over it
-    thinker_busy = any(c.stage == "thinker" and c.final for c in seen) is False
+        assert not isinstance(event, RequestFinished), f"finished before the reply started: {event}"
+        if event.stage == "thinker":
+            assert not event.final
+            break  # the reply is being generated: the user talks over it
+    held = (await pipeline.stats())["thinker"]
+    assert held.resources["kv_slots"] == 1 and handle.request_id in held.request_ids
     assert pipeline.abort(handle.request_id)
     _, finished = await _events(handle, timeout=30)
     assert finished.status.value == "aborted"
-    assert thinker_busy, "the reply had already finished: the abort did not cut generation"
     await _assert_nothing_held(pipeline)
 
 
@@ -110,7 +109,7 @@ async def test_audio_that_is_not_audio_fails_its_request_only(pipeline):
     pipeline.feed(handle.request_id, {"audio": "not samples", "sample_rate": 16000}, eos=True)
     _, finished = await _events(handle, timeout=60)
     assert finished.status.value == "failed"
-    assert "asr" in finished.error and "could not convert" in finished.error
+    assert finished.error.startswith("asr") and "ValueError" in finished.error, finished.error
     await _assert_nothing_held(pipeline)
 
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import numpy as np
-import pytest
 
 from duplex.session.pacing import FramePacer
 from duplex.session.playout import OutputFormat, Playout

@@ -183,6 +183,11 @@ async def test_reinvite_moves_media_changes_codec_and_holds(server):
     peer.ack(reinvite, ok)
     await moved.wait_packets(5)
     assert moved.packets[-1][1].payload_type == 8
+    before, after = phone.packets[-1][1], moved.packets[0][1]
+    assert after.ssrc == before.ssrc  # one stream throughout: its clock never resets
+    assert 0 < (after.sequence - before.sequence) % 65536 < 50
+    assert (after.timestamp - before.timestamp) % 2**32 == \
+        160 * ((after.sequence - before.sequence) % 65536)
 
     rejected, refused = await peer.invite(sdp_offer(moved.port, "18", version=3))
     assert refused.status == 488  # no common codec: the call keeps its session

@@ -1,0 +1,81 @@
+"""WebRTC media <-> a session: decoded caller audio to 16 kHz mono; session frames to a paced
+48 kHz stereo track with continuous timestamps."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from fractions import Fraction
+from typing import Callable
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from duplex.session.pacing import FramePacer
+from duplex.session.playout import OutputFormat
+
+log = logging.getLogger("duplex.edge")
+WEBRTC_OUTPUT = OutputFormat(sample_rate=48000, channels=2, frame_ms=20)  # send stereo: mono is upmixed at -3 dB
+
+
+class SessionAudioTrack(MediaStreamTrack):
+    """The agent's voice: one 20 ms frame per deadline on the monotonic clock, silence when
+    there is nothing to say, pts advancing by exactly one frame each time (never reset)."""
+
+    kind = "audio"
+
+    def __init__(self, pull: Callable[[float], np.ndarray], fmt: OutputFormat = WEBRTC_OUTPUT) -> None:
+        super().__init__()
+        self._pull = pull
+        self._format = fmt
+        self._pacer = FramePacer(fmt.frame_ms / 1000)
+        self._pts = 0
+        self._time_base = Fraction(1, fmt.sample_rate)
+
+    @property
+    def frames_sent(self) -> int:
+        return self._pts // self._format.frame_samples
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        due = await self._pacer.wait_next()
+        pcm = self._pull(due)
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout=self._format.layout)
+        frame.sample_rate = self._format.sample_rate
+        frame.pts = self._pts
+        frame.time_base = self._time_base
+        self._pts += self._format.frame_samples
+        return frame
+
+
+class InputPump:
+    """Reads the caller's track, converts to 16 kHz mono int16, hands it to ``push`` with the
+    arrival time. Ends when the track ends."""
+
+    def __init__(self, track: MediaStreamTrack, push: Callable[[np.ndarray, float], None]) -> None:
+        self._track = track
+        self._push = push
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=16000)
+        self.frames = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                frame = await self._track.recv()
+            except MediaStreamError:
+                return
+            except asyncio.CancelledError:
+                raise
+            arrival = time.monotonic()
+            self.frames += 1
+            try:
+                converted = self._resampler.resample(frame)
+            except (av.FFmpegError, ValueError) as exc:  # a broken frame is dropped, not fatal
+                log.warning("dropping an undecodable audio frame: %s", exc)
+                continue
+            for chunk in converted:
+                self._push(chunk.to_ndarray().reshape(-1), arrival)

@@ -1,0 +1,52 @@
+"""The seam between a phone leg (SIP/RTP or a Twilio stream) and the conversation behind it.
+
+A phone leg knows codecs and timing; a ``CallAgent`` knows the conversation. Every 20 ms the
+leg hands the agent the caller's audio and asks it for the agent's next 20 ms; the agent tells
+the leg when the caller barged in, so audio queued at the far end can be dropped (`clear`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """Who is calling, for the conversation's logs and stats."""
+
+    call_id: str
+    transport: str  # "sip" | "twilio"
+    caller: str
+    callee: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class CallAgent(Protocol):
+    input_rate: int  # caller audio arrives as int16 mono at this rate
+    output_rate: int  # agent audio leaves as int16 mono at this rate
+
+    def caller_audio(self, pcm: np.ndarray, arrival: float) -> None:
+        """The caller's audio (silence where packets were lost), ``arrival`` on the monotonic
+        clock."""
+
+    def agent_audio(self, due: float) -> np.ndarray:
+        """Exactly one 20 ms frame of agent audio due at ``due`` (zeros while it is quiet)."""
+
+    def dtmf(self, digit: str) -> None:
+        """A keypad digit the caller pressed."""
+
+    def set_barge_in_listener(self, listener: Callable[[], None]) -> None:
+        """``listener`` is called when the caller interrupts the agent's speech."""
+
+    async def close(self) -> None:
+        """The call ended: free everything the conversation holds."""
+
+
+AgentFactory = Callable[[CallInfo], Awaitable[CallAgent]]
+
+
+class AgentUnavailable(Exception):
+    """No conversation can be opened now (the server is at its session limit)."""

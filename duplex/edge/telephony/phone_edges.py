@@ -1,0 +1,96 @@
+"""The phone edges of ``duplex serve``: its command-line options, and starting/stopping the SIP
+server and the Twilio Media Streams endpoint beside the WebRTC edge, on the same sessions."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Callable
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from duplex.edge.telephony.config import SipConfig
+from duplex.edge.telephony.session_agent import session_agents
+from duplex.edge.telephony.sip_uas import SipServer
+from duplex.edge.telephony.twilio_stream import TwilioEndpoint
+from duplex.session.manager import SessionManager
+
+log = logging.getLogger(__name__)
+
+
+class PhoneConfig(BaseModel):
+    sip: SipConfig | None = None  # None: no SIP server
+    twilio: bool = False  # mount the Twilio Media Streams WebSocket (/twilio/media-stream)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("phone (SIP/RTP G.711, Twilio Media Streams)")
+    group.add_argument("--sip", metavar="HOST:PORT", nargs="?", const="127.0.0.1:5060",
+                       help="answer SIP calls on UDP HOST:PORT (default 127.0.0.1:5060; port 0 "
+                            "picks a free one, printed)")
+    group.add_argument("--sip-allow", metavar="CIDR", action="append", default=None,
+                       help="sources allowed to call (repeatable; default: loopback only)")
+    group.add_argument("--sip-user", metavar="USER:PASSWORD", action="append", default=[],
+                       help="require SIP digest auth with these credentials (repeatable)")
+    group.add_argument("--sip-advertise", metavar="HOST",
+                       help="address put in Contact and SDP (binding 0.0.0.0, or behind NAT)")
+    group.add_argument("--sip-rtp-ports", metavar="MIN-MAX", default="20000-20999",
+                       help="UDP port range for RTP media (default 20000-20999)")
+    group.add_argument("--twilio", action="store_true",
+                       help="accept Twilio Media Streams WebSockets at /twilio/media-stream")
+
+
+def config_from_args(args: argparse.Namespace) -> PhoneConfig:
+    """Raises ValueError with a readable message on a bad option value."""
+    sip = None
+    if args.sip is not None:
+        host, _, port = args.sip.rpartition(":")
+        low, _, high = args.sip_rtp_ports.partition("-")
+        if not host or not port.isdigit() or not low.isdigit() or not high.isdigit():
+            raise ValueError(f"--sip wants HOST:PORT and --sip-rtp-ports MIN-MAX, got "
+                             f"{args.sip!r} and {args.sip_rtp_ports!r}")
+        users = dict(_credential(value) for value in args.sip_user)
+        extra = {"allow": args.sip_allow} if args.sip_allow else {}
+        sip = SipConfig(host=host.strip("[]"), port=int(port), auth_users=users,
+                        advertise_host=args.sip_advertise, rtp_port_min=int(low),
+                        rtp_port_max=int(high), **extra)
+    return PhoneConfig(sip=sip, twilio=args.twilio)
+
+
+def _credential(value: str) -> tuple[str, str]:
+    user, colon, password = value.partition(":")
+    if not colon or not user or not password:
+        raise ValueError(f"--sip-user wants USER:PASSWORD, got {value!r}")
+    return user, password
+
+
+class PhoneEdges:
+    def __init__(self, config: PhoneConfig, sessions: SessionManager) -> None:
+        agents = session_agents(sessions)
+        self.sip = SipServer(config.sip, agents) if config.sip is not None else None
+        self.twilio = TwilioEndpoint(agents) if config.twilio else None
+
+    @property
+    def needs_websockets(self) -> bool:
+        return self.twilio is not None
+
+    async def start(self, app: FastAPI) -> None:
+        if self.twilio is not None:
+            app.include_router(self.twilio.router())
+        if self.sip is not None:
+            await self.sip.start()
+            host, port = self.sip.address
+            print(f"duplex: SIP on udp {host}:{port}", flush=True)
+
+    def stats_providers(self) -> dict[str, Callable[[], dict]]:
+        providers: dict[str, Callable[[], dict]] = {}
+        if self.sip is not None:
+            providers["sip"] = self.sip.stats
+        if self.twilio is not None:
+            providers["twilio"] = self.twilio.stats
+        return providers
+
+    async def close(self) -> None:
+        if self.sip is not None:
+            await self.sip.stop()

@@ -1,0 +1,249 @@
+"""The SIP user agent server: one UDP socket, requests in, responses and BYEs out.
+
+Validation and dispatch live here; what each method does to a call lives in ``sip_calls``.
+A datagram that fails to parse is dropped with a log line; a request that parses but is wrong
+gets a 4xx. Nothing a peer sends can raise out of ``datagram_received``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass
+
+from duplex.edge.telephony.access import AccessPolicy
+from duplex.edge.telephony.bridge import AgentFactory
+from duplex.edge.telephony.config import SipConfig
+from duplex.edge.telephony.sip_calls import CallHandling
+from duplex.edge.telephony.sip_dialog import ALLOW, build_response
+from duplex.edge.telephony.sip_headers import (
+    NameAddr,
+    Via,
+    parse_cseq,
+    parse_name_addr,
+    parse_via,
+)
+from duplex.edge.telephony.sip_message import (
+    SipParseError,
+    SipRequest,
+    SipResponse,
+    parse_message,
+)
+from duplex.edge.telephony.sip_transactions import (
+    Address,
+    ServerTransaction,
+    TransactionKey,
+    TransactionTable,
+    server_key,
+)
+
+log = logging.getLogger(__name__)
+# methods of SIP extensions we recognise but do not do (405), as opposed to unknown ones (501)
+KNOWN_METHODS = {"REGISTER", "INFO", "PRACK", "UPDATE", "SUBSCRIBE", "NOTIFY", "REFER",
+                 "MESSAGE", "PUBLISH"}
+LOGGED_PER_KIND = 20  # log the first few drops of each kind, then every 100th
+COUNTERS = (  # always reported, zero or not, so dashboards and tests see every one
+    "calls_answered", "calls_cancelled", "busy", "offers_rejected", "reinvites", "byes_sent",
+    "auth_challenges", "auth_failures", "denied", "malformed", "bad_requests",
+    "unsupported_methods", "retransmissions", "stray_acks", "stray_responses",
+    "answer_failures", "internal_errors",
+)
+
+
+@dataclass
+class RequestContext:
+    """A request that passed validation, with its parsed identifying headers."""
+
+    request: SipRequest
+    addr: Address
+    via: Via
+    from_: NameAddr
+    to: NameAddr
+    call_id: str
+    cseq: int
+    key: TransactionKey
+
+    @property
+    def method(self) -> str:
+        return self.request.method
+
+
+class _SipProtocol(asyncio.DatagramProtocol):
+    def __init__(self, server: SipServer) -> None:
+        self.server = server
+
+    def datagram_received(self, data: bytes, addr: tuple) -> None:
+        self.server.datagram_received(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("sip socket error: %s", exc)
+
+
+class SipServer:
+    def __init__(self, config: SipConfig, agent_factory: AgentFactory) -> None:
+        self.config = config
+        self.policy = AccessPolicy(config.allow, config.auth_users, config.realm)
+        self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
+        self.transactions = TransactionTable(self.send_raw, config.t1_ms / 1000)
+        self.calls = CallHandling(self, agent_factory)
+        self._transport: asyncio.DatagramTransport | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_datagram_endpoint(
+            lambda: _SipProtocol(self), local_addr=(self.config.host, self.config.port))
+        log.info("SIP listening on udp %s:%d", *self.address)
+
+    @property
+    def address(self) -> Address:
+        assert self._transport is not None, "server not started"
+        host, port = self._transport.get_extra_info("sockname")[:2]
+        return host, port
+
+    @property
+    def contact_address(self) -> Address:
+        return self.config.contact_host, self.address[1]
+
+    async def stop(self) -> None:
+        await self.calls.close_all()
+        self.transactions.close()
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    def stats(self) -> dict:
+        return {**self.calls.stats(), "server_transactions": len(self.transactions.server),
+                "client_transactions": len(self.transactions.client), **self.counters}
+
+    # -- datagrams in -------------------------------------------------------------------------
+
+    def datagram_received(self, data: bytes, addr: Address) -> None:
+        if not data.strip(b"\r\n"):
+            return  # CRLF keep-alive (RFC 5626)
+        try:
+            self._dispatch(data, addr)
+        except Exception:  # a bug must cost one message, never the server
+            self.counters["internal_errors"] += 1
+            log.exception("error handling a SIP datagram from %s", addr[0])
+
+    def _dispatch(self, data: bytes, addr: Address) -> None:
+        try:
+            message = parse_message(data)
+        except SipParseError as exc:
+            self._drop("malformed", f"from {addr[0]}:{addr[1]}: {exc}")
+            return
+        if isinstance(message, SipResponse):
+            self._on_response(message)
+            return
+        if not self.policy.allowed(addr[0]):
+            self._drop("denied", f"{message.method} from {addr[0]} (not in sip.allow)")
+            if message.method != "ACK":
+                self.respond_stateless(message, addr, 403)
+            return
+        context = self._validate(message, addr)
+        if context is not None:
+            self._on_request(context)
+
+    def _validate(self, request: SipRequest, addr: Address) -> RequestContext | None:
+        try:
+            vias = [parse_via(value) for value in request.get_all("Via")]
+            if not vias:
+                raise SipParseError("no Via")
+        except SipParseError as exc:
+            self._drop("malformed", f"{request.method} from {addr[0]}: {exc}")
+            return None  # without a Via there is nowhere to send a response
+        try:
+            context = self._identify(request, addr, vias[0])
+        except SipParseError as exc:
+            self._drop("bad_requests", f"{request.method} from {addr[0]}: {exc}")
+            if request.method != "ACK":
+                self.respond_stateless(request, addr, 400, reason=f"Bad Request ({exc})"[:120])
+            return None
+        return context
+
+    @staticmethod
+    def _identify(request: SipRequest, addr: Address, via: Via) -> RequestContext:
+        for name in ("From", "To", "Call-ID", "CSeq"):
+            if not request.get(name):
+                raise SipParseError(f"missing {name}")
+        cseq, method = parse_cseq(request.get("CSeq") or "")
+        if method != request.method:
+            raise SipParseError(f"CSeq method {method} does not match {request.method}")
+        return RequestContext(request, addr, via, parse_name_addr(request.get("From") or ""),
+                              parse_name_addr(request.get("To") or ""),
+                              request.get("Call-ID") or "", cseq, server_key(request, via))
+
+    def _on_request(self, context: RequestContext) -> None:
+        if context.method == "ACK":
+            self.calls.on_ack(context)
+            return
+        existing = self.transactions.server.get(context.key)
+        if existing is not None:  # a retransmission: repeat what we said, do nothing again
+            self.counters["retransmissions"] += 1
+            if existing.response is not None:
+                self.send_raw(existing.response, context.addr)
+            return
+        transaction = self.transactions.open(context.key, context.addr)
+        handler = {"INVITE": self.calls.on_invite, "BYE": self.calls.on_bye,
+                   "CANCEL": self.calls.on_cancel, "OPTIONS": self._on_options,
+                   }.get(context.method)
+        if handler is not None:
+            handler(context, transaction)
+            return
+        status = 405 if context.method in KNOWN_METHODS else 501
+        self._drop("unsupported_methods", f"{context.method} from {context.addr[0]}")
+        self.respond(context.request, transaction, status, headers=[("Allow", ALLOW)])
+
+    def _on_options(self, context: RequestContext, transaction: ServerTransaction) -> None:
+        to_tag = context.to.tag or self.calls.local_tag_for(context.call_id)
+        self.respond(context.request, transaction, 200, to_tag=to_tag,
+                     headers=[("Allow", ALLOW), ("Accept", "application/sdp")])
+
+    def _on_response(self, response: SipResponse) -> None:
+        try:
+            branch = parse_via(response.get("Via") or "").branch
+        except SipParseError:
+            branch = ""
+        if not self.transactions.answered(branch, response.status):
+            self._drop("stray_responses", f"{response.status} {response.reason}")
+
+    # -- datagrams out ------------------------------------------------------------------------
+
+    def respond(self, request: SipRequest, transaction: ServerTransaction, status: int, *,
+                to_tag: str = "", headers: list[tuple[str, str]] | None = None,
+                body: bytes = b"", reason: str = "", send: bool = True) -> bytes:
+        """Answer ``request`` within its server transaction; returns the bytes."""
+        response = build_response(request, status, transaction.addr, to_tag=to_tag,
+                                  reason=reason, server=self.config.user_agent)
+        for name, value in headers or []:
+            response.add(name, value)
+        if body:
+            response.add("Content-Type", "application/sdp")  # exactly this: SIPp 3.6 needs it
+            response.body = body
+        payload = response.serialize()
+        self.transactions.respond(transaction, payload, status, request.method == "INVITE",
+                                  send=send)
+        return payload
+
+    def respond_stateless(self, request: SipRequest, addr: Address, status: int,
+                          reason: str = "") -> None:
+        try:
+            response = build_response(request, status, addr, reason=reason,
+                                      server=self.config.user_agent)
+        except SipParseError:
+            return
+        self.send_raw(response.serialize(), addr)
+
+    def send_request(self, payload: bytes, branch: str, addr: Address) -> None:
+        self.transactions.request(branch, payload, addr)
+
+    def send_raw(self, payload: bytes, addr: Address) -> None:
+        if self._transport is not None:
+            self._transport.sendto(payload, addr)
+
+    def _drop(self, kind: str, detail: str) -> None:
+        self.counters[kind] += 1
+        count = self.counters[kind]
+        if count <= LOGGED_PER_KIND or count % 100 == 0:
+            log.warning("sip %s #%d: %s", kind.replace("_", " "), count, detail)

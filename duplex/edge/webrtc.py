@@ -1,0 +1,152 @@
+"""WebRTC calls in the OpenAI Realtime convention: an SDP offer in, an answer out; the caller's
+audio into a session, the session's audio back; Realtime events on the ``oai-events`` channel."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import deque
+
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+
+from duplex.edge.config import EdgeConfig
+from duplex.edge.media import WEBRTC_OUTPUT, InputPump, SessionAudioTrack
+from duplex.edge.rtc_options import receive_on_arrival, rtc_configuration
+from duplex.edge.sdp import OfferError, check_offer
+from duplex.session import events as ev
+from duplex.session.manager import SessionManager
+from duplex.session.protocol import apply_settings, describe_session, handle_client_message
+from duplex.session.session import VoiceSession
+
+log = logging.getLogger("duplex.edge")
+EVENTS_CHANNEL = "oai-events"
+
+
+class Call:
+    """One peer connection and the session behind it."""
+
+    def __init__(self, call_id: str, pc: RTCPeerConnection, max_pending: int) -> None:
+        self.id = call_id
+        self.pc = pc
+        self.session: VoiceSession | None = None
+        self.channel: RTCDataChannel | None = None
+        self.pending: deque[ev.ServerEvent] = deque(maxlen=max_pending)
+        self.tasks: set[asyncio.Task] = set()
+        self.closed = False
+
+    def send(self, event: ev.ServerEvent) -> None:
+        if self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(ev.encode_event(event))
+        else:
+            self.pending.append(event)
+
+    def spawn(self, coro, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+class WebRTCGateway:
+    def __init__(self, sessions: SessionManager, config: EdgeConfig) -> None:
+        self.sessions = sessions
+        self.config = config
+        self.calls: dict[str, Call] = {}
+        self.counters = {"offers": 0, "answered": 0, "bad_offers": 0, "connected": 0, "hung_up": 0,
+                         "low_latency_receivers": 0}
+
+    async def answer(self, offer_sdp: str, settings: ev.SessionSettings | None = None) -> tuple[str, str]:
+        """Accept an offer: returns (call id, answer SDP). Raises SessionsFull, OfferError."""
+        self.counters["offers"] += 1
+        self.sessions.reserve()
+        try:
+            check_offer(offer_sdp)
+            config = apply_settings(self.sessions.config, settings) if settings else None
+        except ValueError as exc:
+            self.counters["bad_offers"] += 1
+            raise OfferError(str(exc)) from None
+        call = Call(f"rtc_{secrets.token_hex(8)}", RTCPeerConnection(rtc_configuration(self.config.ice_servers)),
+                    self.config.max_pending_events)
+        call.session = self.sessions.open("webrtc", call.send, WEBRTC_OUTPUT, config)
+        self.calls[call.id] = call
+        try:
+            answer = await self._negotiate(call, offer_sdp)
+        except Exception as exc:
+            self.counters["bad_offers"] += 1
+            await self.hang_up(call.id)
+            raise OfferError(f"cannot answer this offer: {exc}") from None
+        self.counters["answered"] += 1
+        call.spawn(self._drop_if_unconnected(call), "connect-timeout")
+        return call.id, answer
+
+    async def _negotiate(self, call: Call, offer_sdp: str) -> str:
+        pc, session = call.pc, call.session
+        assert session is not None
+        pc.on("track", lambda track: self._on_track(call, track))
+        pc.on("datachannel", lambda channel: self._on_channel(call, channel))
+        pc.on("connectionstatechange", lambda: self._on_state(call))
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind == "audio" and self.config.low_latency_receive and receive_on_arrival(transceiver.receiver):
+                self.counters["low_latency_receivers"] += 1
+        pc.addTrack(SessionAudioTrack(session.pull_output, WEBRTC_OUTPUT))
+        await pc.setLocalDescription(await pc.createAnswer())
+        return pc.localDescription.sdp
+
+    def _on_track(self, call: Call, track: MediaStreamTrack) -> None:
+        if track.kind == "audio" and call.session is not None:
+            call.spawn(InputPump(track, call.session.push_input).run(), "input")
+
+    def _on_channel(self, call: Call, channel: RTCDataChannel) -> None:
+        if channel.label != EVENTS_CHANNEL or call.session is None or call.channel is not None:
+            return
+        session = call.session
+        call.channel = channel
+        channel.on("message", lambda message: handle_client_message(session, message, self.sessions.model))
+
+        def opened() -> None:
+            session.emit(ev.SessionCreated(session=describe_session(session, self.sessions.model)))
+            while call.pending:
+                channel.send(ev.encode_event(call.pending.popleft()))
+
+        if channel.readyState == "open":
+            opened()
+        else:
+            channel.on("open", opened)
+
+    def _on_state(self, call: Call) -> None:
+        state = call.pc.connectionState
+        if state == "connected":
+            self.counters["connected"] += 1
+        elif state in ("failed", "closed") and not call.closed:
+            asyncio.get_running_loop().create_task(self.hang_up(call.id))
+
+    async def _drop_if_unconnected(self, call: Call) -> None:
+        await asyncio.sleep(self.config.connect_timeout_s)
+        if call.pc.connectionState != "connected" and not call.closed:
+            log.info("call %s did not connect within %.0f s; dropping it", call.id, self.config.connect_timeout_s)
+            await self.hang_up(call.id)
+
+    async def hang_up(self, call_id: str) -> bool:
+        call = self.calls.pop(call_id, None)
+        if call is None or call.closed:
+            return False
+        call.closed = True
+        self.counters["hung_up"] += 1
+        current = asyncio.current_task()
+        for task in list(call.tasks):
+            if task is not current:
+                task.cancel()
+        await asyncio.gather(*(t for t in call.tasks if t is not current), return_exceptions=True)
+        if call.session is not None:
+            await self.sessions.close(call.session)
+        await call.pc.close()
+        return True
+
+    async def close_all(self) -> None:
+        for call_id in list(self.calls):
+            await self.hang_up(call_id)
+
+    def stats(self) -> dict:
+        return {"live_calls": len(self.calls), "live_sessions": self.sessions.live("webrtc"), **self.counters}
