@@ -210,3 +210,15 @@ async def test_fused_stages_share_a_process_and_pass_objects():
         stats = await coord.wait_idle(timeout=2)
         assert stats["split"].pid == stats["upper"].pid != stats["count"].pid
         assert len(coord.procs.procs) == 2
+
+
+async def test_terminal_keys_limit_what_the_client_gets_but_not_the_next_stage():
+    stages = [
+        {"name": "split", "builder": "toy.split", "stream_to": ["upper"], "terminal": True, "terminal_keys": ["text"]},
+        {"name": "upper", "builder": "toy.upper", "terminal": True},
+    ]
+    async with coordinator(stages) as coord:
+        chunks, done = await asyncio.wait_for(coord.submit({}, {"text": "k"}, eos=True).collect(), 20)
+        assert done.status is RequestStatus.COMPLETED
+        assert [c.data for c in chunks if c.stage == "split"] == [{"text": "k"}]  # no "index"
+        assert [c.data for c in chunks if c.stage == "upper"] == [{"text": "K", "index": 0, "batch": 1}]

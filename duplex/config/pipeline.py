@@ -67,6 +67,7 @@ class StageConfig(_Strict):
     stream_to: list[str] = Field(default_factory=list)
     wait_for: list[str] = Field(default_factory=list)
     terminal: bool = False
+    terminal_keys: list[str] | None = None  # terminal dict outputs: only these keys reach the client
     args: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("name")

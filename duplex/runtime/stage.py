@@ -101,8 +101,17 @@ class StageShell:
         if emit.eos:
             routes += [Route(dst, emit.data, True) for dst in self.stage.next]
         if self.stage.terminal:
-            routes.append(Route(COORDINATOR, emit.data, emit.eos))
+            routes.append(Route(COORDINATOR, self._for_client(emit.data), emit.eos))
         return routes
+
+    def _for_client(self, data: Any) -> Any:
+        """With ``terminal_keys``, the client gets only those keys of a dict output (the next
+        stage may need tensors the client does not)."""
+        keys = self.stage.terminal_keys
+        if keys is None or not isinstance(data, dict):
+            return data
+        kept = {k: v for k, v in data.items() if k in keys}
+        return kept or None
 
     def next_out_seq(self, request_id: str, dst: str) -> int:
         key = (request_id, dst)

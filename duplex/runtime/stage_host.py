@@ -264,7 +264,7 @@ class StageHost:
     def _route(self, hosted: _HostedStage, emit: Emit) -> None:
         shell = hosted.shell
         rid = emit.request_id
-        packed = None
+        packed: dict[int, Any] = {}  # by id of the routed value: pack each value once
         for route in shell.routes(emit):
             seq = shell.next_out_seq(rid, route.dst)
             params = shell.params(rid) if seq == 0 else None
@@ -272,11 +272,11 @@ class StageHost:
             if local is not None:  # fused: hand over the object itself
                 self._deliver(local, rid, shell.name, seq, route.data, route.eos, params)
                 continue
-            if packed is None:
-                packed = pack(emit.data)
+            if id(route.data) not in packed:
+                packed[id(route.data)] = pack(route.data)
             msg = m.DataReady(request_id=rid, src=shell.name, dst=route.dst, seq=seq, eos=route.eos,
                               payload=None, sent_ns=time.monotonic_ns(), params=params)
-            hosted.outlet.submit(msg, packed)
+            hosted.outlet.submit(msg, packed[id(route.data)])
         if emit.eos:
             self._release(hosted, rid)
 

@@ -1,0 +1,258 @@
+"""Talker + code predictor step runner for the ``feedback_ar`` scheduler.
+
+One ``compute`` call per step does, for every row at once: the talker forward (prefill rows and
+decode rows), codebook 0 (greedy, with generate()'s repetition penalty and suppressed control
+ids), the code predictor's 15 residual codebooks (one 2-position call, then 14 one-token calls
+batched over rows), and the feedback write: the sum of the frame's 16 codec embeddings goes to
+the row's feedback buffer, which the next step adds to that step's text input.
+
+Text input (matching ``Qwen3OmniMoeForConditionalGeneration.generate``): the prefill is the user
+turn (thinker hidden states for audio positions, projected embeddings for text positions)
+followed by the assistant header over the codec control ids; the first reply token rides in the
+prefill. Decode step f (f >= 1) adds the reply token f+1 (known once the thinker produced token
+f+2), then tts_eos in place of the thinker's last token, then tts_pad. A row is ready only when
+that input is there: the talker starts after the thinker's first token and keeps two behind it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from duplex.models.qwen3_omni.kv_cache import SlotBatch, SlotKVCache
+from duplex.runtime.schedulers.ar import RowOutput
+
+DEFAULT_MAX_FRAMES = 250  # 20 s of speech
+_ASSISTANT_PREFIX = 9  # header (3) + tts_pad (4) + tts_bos + first reply token
+
+
+@dataclass
+class _Row:
+    request_id: str
+    max_new_tokens: int
+    speaker_id: int
+    prefix: dict | None = None
+    texts: list[torch.Tensor] = field(default_factory=list)  # thinker embeddings of reply tokens
+    thinker_done: bool = False
+    prefilled: bool = False
+    position: int = 0
+    planned_steps: int = 0  # code-0 tokens planned so far
+    resolved_steps: int = 0
+    next_frame: int = 0
+    pending_frames: list[np.ndarray] = field(default_factory=list)
+    emitted_frames: int = 0
+
+
+@dataclass
+class TalkerPlan:
+    prefill: list[tuple[int, dict, torch.Tensor, int]]  # (slot, thinker prefix, first reply token, speaker)
+    decode: list[tuple[int, int, torch.Tensor]]  # (slot, position, text embedding for this step)
+
+
+class TalkerRunner:
+    def __init__(self, talker, config, *, memory_bytes: int | None, max_len: int = 2048, max_slots: int = 16,
+                 first_chunk_frames: int = 2, chunk_frames: int = 6, speaker: str = "ethan", device: str = "cpu") -> None:
+        tcfg = config.talker_config
+        text = tcfg.text_config
+        self.talker, self.tcfg, self.device = talker, tcfg, device
+        self.num_groups = tcfg.num_code_groups
+        self.vocab = text.vocab_size
+        per_slot = SlotKVCache.bytes_per_slot(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, max_len)
+        slots = max_slots if memory_bytes is None else min(max_slots, memory_bytes // per_slot)
+        if slots < 1:
+            raise ValueError(f"talker: memory budget {memory_bytes} B holds no KV slot of {per_slot} B")
+        self.capacity = int(slots)
+        self.max_len = max_len
+        self.kv = SlotKVCache(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, self.capacity, max_len,
+                              device=device)
+        self.feedback = torch.zeros(self.capacity, text.hidden_size, device=device)
+        self.seen = torch.zeros(self.capacity, self.vocab, dtype=torch.bool, device=device)
+        suppress = torch.zeros(self.vocab, dtype=torch.bool, device=device)
+        suppress[self.vocab - 1024:] = True
+        suppress[tcfg.codec_eos_token_id] = False
+        self.suppress = suppress
+        self.repetition_penalty = 1.05  # generate()'s talker default
+        self.first_chunk_frames, self.chunk_frames = first_chunk_frames, chunk_frames
+        self.default_speaker = speaker
+        self.rows: dict[int, _Row] = {}
+
+    # -- StepRunner protocol ---------------------------------------------------------------------
+    def open(self, slot: int, request_id: str, params: dict) -> None:
+        speaker = str(params.get("speaker", self.default_speaker)).lower()
+        if speaker not in self.tcfg.speaker_id:
+            speaker = self.default_speaker
+        max_new = int(params.get("talker_max_new_tokens", DEFAULT_MAX_FRAMES + 1))
+        self.rows[slot] = _Row(request_id, max_new, self.tcfg.speaker_id[speaker])
+        self.seen[slot] = False
+        self.feedback[slot] = 0
+
+    def feed(self, slot: int, source: str, data: Any, eos: bool) -> None:
+        row = self.rows[slot]
+        if data is not None:
+            if not isinstance(data, dict) or "embeds" not in data:
+                raise ValueError("talker input needs the thinker's {'embeds', 'token_ids'} chunks")
+            if row.prefix is None:
+                if "talker_prefix" not in data:
+                    raise ValueError("the thinker's first chunk must carry talker_prefix")
+                row.prefix = data["talker_prefix"]
+            row.texts.extend(torch.as_tensor(data["embeds"], dtype=torch.float32).unbind(0))
+        if eos:
+            if row.prefix is None:
+                raise ValueError("the thinker ended without a reply token")
+            row.thinker_done = True
+
+    def ready(self, slot: int) -> bool:
+        row = self.rows[slot]
+        if row.prefix is None or row.planned_steps >= row.max_new_tokens:
+            return False
+        if not row.prefilled:
+            return True
+        return self._text_for_step(row, row.planned_steps) is not None
+
+    def plan(self, slots: list[int]) -> TalkerPlan:
+        plan = TalkerPlan([], [])
+        for slot in slots:
+            row = self.rows[slot]
+            if not row.prefilled:
+                length = int(row.prefix["user_embeds"].shape[0]) + _ASSISTANT_PREFIX
+                if length + row.max_new_tokens > self.max_len:
+                    raise ValueError(f"talker prefix of {length} + {row.max_new_tokens} exceeds {self.max_len}")
+                plan.prefill.append((slot, row.prefix, row.texts[0], row.speaker_id))
+                row.prefilled, row.position = True, length
+            else:
+                plan.decode.append((slot, row.position, self._text_for_step(row, row.planned_steps)))
+                row.position += 1
+            row.planned_steps += 1
+        return plan
+
+    @torch.no_grad()
+    def compute(self, plan: TalkerPlan) -> dict:
+        hidden, slots = [], []
+        if plan.prefill:
+            hidden.append(self._forward_prefill(plan.prefill))
+            slots += [slot for slot, *_ in plan.prefill]
+        if plan.decode:
+            hidden.append(self._forward_decode(plan.decode))
+            slots += [slot for slot, _, _ in plan.decode]
+        last = torch.cat(hidden, dim=0)  # (B, hidden): each row's last position
+        slot_index = torch.tensor(slots, device=self.device)
+        code0 = self._pick_code0(self.talker.codec_head(last), slot_index)
+        residual, feedback = self._code_predictor(last, code0)
+        self.feedback[slot_index] = feedback
+        frames = torch.cat([code0[:, None], residual], dim=1)
+        return {"slots": slots, "code0": code0.tolist(), "frames": frames.cpu().numpy()}
+
+    def resolve(self, plan: TalkerPlan, raw: dict) -> dict[int, RowOutput]:
+        outputs = {}
+        for slot, code0, frame in zip(raw["slots"], raw["code0"], raw["frames"]):
+            row = self.rows[slot]
+            row.resolved_steps += 1
+            ended = code0 == self.tcfg.codec_eos_token_id or row.resolved_steps >= row.max_new_tokens
+            if not ended:
+                # generate() never expands the code-0 token it stops on into a frame.
+                row.pending_frames.append(frame)
+            outputs[slot] = self._chunk_output(row, ended)
+        return outputs
+
+    def close(self, slot: int) -> None:
+        del self.rows[slot]
+
+    def held(self) -> dict[str, int]:
+        return {"feedback_rows": sum(1 for r in self.rows.values() if r.prefilled)}
+
+    # -- inputs -----------------------------------------------------------------------------------
+    def _text_for_step(self, row: _Row, step: int) -> torch.Tensor | None:
+        """Unprojected text input for decode step ``step`` (>= 1), or None while not yet known."""
+        tts_bos, tts_eos, tts_pad = row.prefix["tts_embeds"]
+        index = step  # reply token ``step`` (0-based) is spoken at step ``step``
+        if index + 1 < len(row.texts):
+            return row.texts[index]
+        if not row.thinker_done:
+            return None
+        # The thinker's last token is never spoken: tts_eos takes its place, tts_pad follows.
+        return tts_eos if index == len(row.texts) - 1 else tts_pad
+
+    def _prefill_embeds(self, prefix: dict, first_token: torch.Tensor, speaker_id: int) -> torch.Tensor:
+        """User turn, then the assistant header: 3 header tokens, 4 x tts_pad, tts_bos and the first
+        reply token on the text side, over zeros and the codec control ids on the codec side."""
+        talker, cfg = self.talker, self.tcfg
+        mm = torch.as_tensor(prefix["user_mm"], dtype=torch.bool, device=self.device)[:, None]
+        user = torch.where(mm, talker.hidden_projection(prefix["user_hidden"].to(self.device)),
+                           self._project_text(prefix["user_embeds"]))
+        header = self._project_text(prefix["assistant_embeds"])
+        tts_bos, _, tts_pad = self._project_text(prefix["tts_embeds"]).unbind(0)
+        text_side = torch.cat([header[:3], tts_pad.expand(4, -1), tts_bos[None], self._project_text(first_token[None])])
+        control = [cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, speaker_id,
+                   cfg.codec_pad_id, cfg.codec_bos_id]
+        codec = talker.get_input_embeddings()(torch.tensor(control, device=self.device))
+        codec_side = torch.cat([torch.zeros(3, codec.shape[1], device=self.device), codec])
+        return torch.cat([user, text_side + codec_side])
+
+    def _forward_prefill(self, rows: list[tuple[int, dict, torch.Tensor, int]]) -> torch.Tensor:
+        inputs = [self._prefill_embeds(prefix, first, speaker) for _, prefix, first, speaker in rows]
+        lengths = [x.shape[0] for x in inputs]
+        width = max(lengths)
+        padded = torch.stack([torch.nn.functional.pad(x, (0, 0, 0, width - x.shape[0])) for x in inputs])
+        batch = SlotBatch.of([slot for slot, *_ in rows], [0] * len(rows), lengths)
+        hidden = self._forward(padded, batch)
+        return hidden[torch.arange(len(rows)), torch.tensor(lengths) - 1]
+
+    # -- compute helpers ----------------------------------------------------------------------
+    def _project_text(self, x: torch.Tensor) -> torch.Tensor:
+        return self.talker.text_projection(x.to(self.device))
+
+    def _forward(self, embeds: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
+        mask = self.kv.bind(batch)
+        out = self.talker.model(inputs_embeds=embeds, attention_mask=mask,
+                                position_ids=batch.position_ids().to(self.device), cache=self.kv, use_cache=True)
+        return out.last_hidden_state
+
+    def _forward_decode(self, rows: list[tuple[int, int, torch.Tensor]]) -> torch.Tensor:
+        slots = torch.tensor([slot for slot, _, _ in rows], device=self.device)
+        text = self._project_text(torch.stack([t for _, _, t in rows]))
+        embeds = (self.feedback[slots] + text)[:, None, :]
+        batch = SlotBatch.of([s for s, _, _ in rows], [p for _, p, _ in rows], [1] * len(rows))
+        return self._forward(embeds, batch)[:, -1]
+
+    def _pick_code0(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        seen = self.seen[slots]
+        penalized = torch.where(logits > 0, logits / self.repetition_penalty, logits * self.repetition_penalty)
+        logits = torch.where(seen, penalized, logits).masked_fill(self.suppress, float("-inf"))
+        code0 = logits.argmax(-1)
+        self.seen[slots, code0] = True
+        return code0
+
+    def _code_predictor(self, last_hidden: torch.Tensor, code0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        predictor = self.talker.code_predictor
+        embed0 = self.talker.get_input_embeddings()(code0)
+        cache = DynamicCache(config=predictor.config)
+        inputs = torch.stack([last_hidden, embed0], dim=1)
+        feedback = embed0.clone()
+        codes = []
+        for group in range(self.num_groups - 1):
+            out = predictor.model(inputs_embeds=inputs, cache=cache, use_cache=True)
+            code = predictor.lm_head[group](out.last_hidden_state[:, -1]).argmax(-1)
+            codes.append(code)
+            embed = predictor.model.codec_embedding[group](code)
+            feedback = feedback + embed
+            inputs = embed[:, None, :]
+        return torch.stack(codes, dim=1), feedback
+
+    # -- outputs ----------------------------------------------------------------------------------
+    def _chunk_output(self, row: _Row, ended: bool) -> RowOutput:
+        want = self.first_chunk_frames if row.emitted_frames == 0 else self.chunk_frames
+        if not ended and len(row.pending_frames) < want:
+            return RowOutput()
+        chunk = None
+        if row.pending_frames:
+            codes = np.stack(row.pending_frames, axis=1).astype(np.int64)  # (groups, n)
+            chunk = {"codes": codes, "start": row.emitted_frames}
+            row.emitted_frames += codes.shape[1]
+            row.pending_frames = []
+        if ended:
+            return RowOutput(done=True, final=chunk)
+        return RowOutput(emits=[chunk])
