@@ -34,20 +34,31 @@ def _add_check_config(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from duplex.bench import pipeline, relay
+    from duplex.bench import pipeline, relay, turn
+    from duplex.edge import bench_barge_in
 
     parser = sub.add_parser("bench", help="benchmarks that print tables (and --json results)")
     bench = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     relay.add_parser(bench)
+    bench_barge_in.add_parser(bench)
     pipeline.add_parser(bench)
+    turn.add_parser(bench)
 
 
 def _add_model(sub: argparse._SubParsersAction) -> None:
+    from duplex.models.local import commands as local
     from duplex.models.qwen3_omni import commands as qwen3_omni
 
     parser = sub.add_parser("model", help="model checkpoints: make, convert")
     model = parser.add_subparsers(dest="model", required=True, metavar="ACTION")
     qwen3_omni.add_parser(model)
+    local.add_parser(model)
+
+
+def _add_scenario(sub: argparse._SubParsersAction) -> None:
+    from duplex.scenario import cli as scenario
+
+    scenario.add_parser(sub)
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +72,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_check_config,
     _add_bench,
     _add_model,
+    _add_scenario,
 ]
 
 

@@ -37,11 +37,13 @@ def loopback_candidates():
     use_loopback_candidates(False)
 
 
-async def offer_sdp(audio: bool = True, channel: bool = True) -> str:
+async def offer_sdp(audio: bool = True, channel: bool = True, video: bool = False) -> str:
     pc = RTCPeerConnection(rtc_configuration([]))
     try:
         if audio:
             pc.addTransceiver("audio")
+        if video:
+            pc.addTransceiver("video")
         if channel:
             pc.createDataChannel("oai-events")
         await pc.setLocalDescription(await pc.createOffer())
@@ -79,6 +81,7 @@ async def test_malformed_offers_get_400_with_a_reason(server):
     cases = {
         "not sdp at all": ("hello", "v=0"),
         "no audio m-line": (await offer_sdp(audio=False), "no audio m-line"),
+        "video": (await offer_sdp(video=True), "audio (and the oai-events channel) only"),
         "no opus": (re.sub(r"(?m)^a=rtpmap:\d+ opus/48000/2\r?\n", "", good), "Opus"),
         "no fingerprint": (re.sub(r"(?m)^a=fingerprint:.*\r?\n", "", good), "fingerprint"),
         "truncated": (good[: len(good) // 2], "cannot answer"),

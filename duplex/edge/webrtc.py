@@ -88,7 +88,9 @@ class WebRTCGateway:
         pc.on("connectionstatechange", lambda: self._on_state(call))
         await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         for transceiver in pc.getTransceivers():
-            if transceiver.kind == "audio" and self.config.low_latency_receive and receive_on_arrival(transceiver.receiver):
+            if transceiver.kind != "audio" or not self.config.low_latency_receive:
+                continue
+            if receive_on_arrival(transceiver.receiver):
                 self.counters["low_latency_receivers"] += 1
         pc.addTrack(SessionAudioTrack(session.pull_output, WEBRTC_OUTPUT))
         await pc.setLocalDescription(await pc.createAnswer())

@@ -1,0 +1,49 @@
+"""Per-session settings: turn detection (VAD hysteresis), echo gating, output pacing."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class VadConfig(_Strict):
+    """webrtcvad with hysteresis. A frame counts as voiced only when webrtcvad says speech AND
+    its level clears the noise floor: webrtcvad alone keeps saying "speech" for ~100 ms after
+    a click or noise burst ends (its hangover), which would turn bursts into turns."""
+
+    aggressiveness: int = Field(2, ge=0, le=3)
+    frame_ms: int = 20  # webrtcvad accepts 10, 20 or 30
+    min_speech_ms: int = Field(80, ge=20)  # voiced audio needed to declare speech start
+    start_window_ms: int = Field(120, ge=20)  # ... within this much recent audio
+    silence_ms: int = Field(500, ge=60)  # unvoiced audio that ends a turn
+    prefix_padding_ms: int = Field(300, ge=0)  # audio before the onset that joins the turn
+    min_level_dbfs: float = -50.0  # quieter frames are never speech
+    floor_margin_db: float = 12.0  # a voiced frame must be this far above the noise floor
+
+    @model_validator(mode="after")
+    def _check(self) -> "VadConfig":
+        if self.frame_ms not in (10, 20, 30):
+            raise ValueError("vad.frame_ms must be 10, 20 or 30 (webrtcvad frame sizes)")
+        if self.start_window_ms < self.min_speech_ms:
+            raise ValueError("vad.start_window_ms must be >= vad.min_speech_ms")
+        return self
+
+
+class EchoConfig(_Strict):
+    """Echo gating: input explained by the agent's own recent output is not the user."""
+
+    enabled: bool = True
+    max_delay_ms: int = Field(600, ge=20)  # longest output -> microphone path we expect
+    window_ms: int = Field(100, ge=20)  # input span compared with the output
+    min_correlation: float = Field(0.6, gt=0, lt=1)  # at/above: the input is mostly echo
+    reference_floor_dbfs: float = -55.0  # output quieter than this cannot echo audibly
+
+
+class SessionConfig(_Strict):
+    vad: VadConfig = Field(default_factory=VadConfig)
+    echo: EchoConfig = Field(default_factory=EchoConfig)
+    max_turn_s: float = Field(30.0, gt=0)  # a turn longer than this is committed anyway
+    instructions: str = ""

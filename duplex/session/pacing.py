@@ -1,0 +1,36 @@
+"""A frame clock on the monotonic clock: one deadline every ``frame_s``, never drifting."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+
+class FramePacer:
+    """Deadlines are ``anchor + n * frame_s``, so sleeping late never accumulates drift. If the
+    loop falls more than ``max_lag_s`` behind (a stall), the anchor moves forward instead of
+    sending a burst of catch-up frames; the caller's timestamps stay continuous either way."""
+
+    def __init__(self, frame_s: float = 0.02, max_lag_s: float = 0.2,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.frame_s = frame_s
+        self.max_lag_s = max_lag_s
+        self._clock = clock
+        self._anchor: float | None = None
+        self._count = 0
+        self.reanchors = 0
+
+    async def wait_next(self) -> float:
+        """Sleep until the next frame is due; returns its due time (clock seconds)."""
+        now = self._clock()
+        if self._anchor is None:
+            self._anchor = now
+        due = self._anchor + self._count * self.frame_s
+        if now - due > self.max_lag_s:
+            self._anchor, self._count, due = now, 0, now
+            self.reanchors += 1
+        elif due > now:
+            await asyncio.sleep(due - now)
+        self._count += 1
+        return due

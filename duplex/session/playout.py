@@ -1,0 +1,113 @@
+"""Agent audio waiting to be heard, in the transport's format, handed out one frame at a time.
+
+The transport pulls a frame every ``frame_ms`` whether or not the agent is speaking (silence
+when empty), so the stream's clock never stops. The playout counts how much of each response's
+audio was actually pulled: that is where a barge-in truncates the response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import av
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    sample_rate: int = 48000
+    channels: int = 2
+    frame_ms: int = 20
+
+    @property
+    def frame_samples(self) -> int:
+        return self.sample_rate * self.frame_ms // 1000
+
+    @property
+    def layout(self) -> str:
+        return "mono" if self.channels == 1 else "stereo"
+
+
+@dataclass(frozen=True)
+class PulledFrame:
+    pcm: np.ndarray  # int16, frame_samples * channels, interleaved
+    item_id: str | None  # the response item this audio belongs to; None for silence
+    first_of_item: bool  # the item's first audible frame: its audio starts now
+    item_drained: bool  # the item is complete and this was its last audio
+
+
+class Playout:
+    def __init__(self, fmt: OutputFormat = OutputFormat()) -> None:
+        self.format = fmt
+        self._buffer = np.zeros(0, np.int16)
+        self._resampler: av.AudioResampler | None = None
+        self._item_id: str | None = None
+        self._item_complete = False
+        self._played_samples = 0
+        self._silence = np.zeros(fmt.frame_samples * fmt.channels, np.int16)
+
+    @property
+    def item_id(self) -> str | None:
+        return self._item_id
+
+    @property
+    def played_ms(self) -> int:
+        """Milliseconds of the current item's audio pulled so far."""
+        return 1000 * self._played_samples // self.format.sample_rate
+
+    @property
+    def queued_ms(self) -> int:
+        return 1000 * (len(self._buffer) // self.format.channels) // self.format.sample_rate
+
+    def begin_item(self, item_id: str) -> None:
+        """Audio pushed from now on belongs to ``item_id`` (a new response)."""
+        self.flush()
+        self._item_id = item_id
+        self._item_complete = False
+        self._played_samples = 0
+        self._resampler = av.AudioResampler(format="s16", layout=self.format.layout, rate=self.format.sample_rate)
+
+    def push(self, audio: np.ndarray, sample_rate: int) -> None:
+        """Queue float32 mono agent audio at any rate (converted to the output format)."""
+        if self._resampler is None or audio.size == 0:
+            return
+        samples = np.ascontiguousarray(audio, np.float32).reshape(1, -1)
+        frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
+        frame.sample_rate = sample_rate
+        self._append(self._resampler.resample(frame))
+
+    def complete_item(self) -> None:
+        """No more audio will come for the current item; queue the resampler's tail."""
+        if self._resampler is not None and not self._item_complete:
+            self._append(self._resampler.resample(None))
+        self._item_complete = True
+
+    def pull(self) -> PulledFrame:
+        need = self.format.frame_samples * self.format.channels
+        if len(self._buffer) == 0:
+            drained = self._item_id is not None and self._item_complete and self._played_samples > 0
+            item = self._item_id if drained else None
+            if drained:
+                self._item_id = None
+            return PulledFrame(self._silence, item, False, drained)
+        pcm = self._buffer[:need]
+        self._buffer = self._buffer[need:]
+        first = self._played_samples == 0
+        self._played_samples += len(pcm) // self.format.channels
+        if len(pcm) < need:
+            pcm = np.concatenate([pcm, self._silence[: need - len(pcm)]])
+        return PulledFrame(pcm, self._item_id, first, False)
+
+    def flush(self) -> int:
+        """Drop all queued audio at once (barge-in); returns the ms of the item played."""
+        played = self.played_ms
+        self._buffer = np.zeros(0, np.int16)
+        self._resampler = None
+        self._item_id = None
+        self._item_complete = False
+        return played
+
+    def _append(self, frames: list[av.AudioFrame]) -> None:
+        chunks = [f.to_ndarray().reshape(-1) for f in frames]
+        if chunks:
+            self._buffer = np.concatenate([self._buffer, *chunks])

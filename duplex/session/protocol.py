@@ -1,0 +1,82 @@
+"""Realtime client events applied to a session, and the session as Realtime describes it."""
+
+from __future__ import annotations
+
+from duplex.session import events as ev
+from duplex.session.config import SessionConfig
+from duplex.session.session import State, VoiceSession
+
+MAX_EVENT_BYTES = 64 * 1024
+
+
+def describe_session(session: VoiceSession, model: str) -> dict:
+    vad = session.config.vad
+    turn_detection = {"type": "server_vad", "threshold": round(vad.aggressiveness / 3, 2),
+                      "prefix_padding_ms": vad.prefix_padding_ms, "silence_duration_ms": vad.silence_ms}
+    return {"id": session.session_id, "object": "realtime.session", "type": "realtime", "model": model,
+            "instructions": session.config.instructions, "output_modalities": ["audio"],
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": turn_detection},
+                      "output": {"format": {"type": "audio/pcm", "rate": session.playout.format.sample_rate}}}}
+
+
+def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> SessionConfig:
+    """A new config with the client's settings applied (raises ValueError if out of range)."""
+    data = config.model_dump()
+    if settings.instructions is not None:
+        data["instructions"] = settings.instructions
+    detection = settings.turn_detection
+    if settings.audio is not None and settings.audio.input is not None and settings.audio.input.turn_detection:
+        detection = settings.audio.input.turn_detection
+    if detection is not None:
+        if detection.type != "server_vad":
+            raise ValueError(f"turn_detection.type {detection.type!r}: only server_vad is supported")
+        if detection.threshold is not None:
+            if not 0.0 <= detection.threshold <= 1.0:
+                raise ValueError("turn_detection.threshold must be within 0..1")
+            data["vad"]["aggressiveness"] = round(detection.threshold * 3)
+        if detection.prefix_padding_ms is not None:
+            data["vad"]["prefix_padding_ms"] = detection.prefix_padding_ms
+        if detection.silence_duration_ms is not None:
+            data["vad"]["silence_ms"] = detection.silence_duration_ms
+    return SessionConfig.model_validate(data)
+
+
+def handle_client_message(session: VoiceSession, raw: str | bytes, model: str) -> None:
+    """One data-channel message. Bad input becomes an ``error`` event; the session goes on."""
+    if len(raw) > MAX_EVENT_BYTES:
+        session.emit_error("event_too_large", f"event of {len(raw)} bytes; the limit is {MAX_EVENT_BYTES}")
+        return
+    try:
+        event = ev.decode_client_event(raw)
+    except ev.ClientEventError as exc:
+        session.emit_error(exc.code, str(exc), exc.event_id)
+        return
+    if isinstance(event, ev.SessionUpdate):
+        _update(session, event, model)
+    elif isinstance(event, ev.ResponseCreate):
+        session.request_response()
+    elif isinstance(event, (ev.ResponseCancel, ev.OutputClear)):
+        if not session.cancel_response() and isinstance(event, ev.ResponseCancel):
+            session.emit_error("response_cancel_not_active", "there is no response in progress", event.event_id)
+    elif isinstance(event, ev.ItemTruncate):
+        _truncate(session, event)
+    elif isinstance(event, ev.InputClear):
+        session.clear_input()
+        session.emit(ev.InputCleared())
+
+
+def _update(session: VoiceSession, event: ev.SessionUpdate, model: str) -> None:
+    try:
+        config = apply_settings(session.config, event.session)
+    except ValueError as exc:
+        session.emit_error("invalid_session_settings", str(exc), event.event_id)
+        return
+    session.reconfigure(config)
+    session.emit(ev.SessionUpdated(session=describe_session(session, model)))
+
+
+def _truncate(session: VoiceSession, event: ev.ItemTruncate) -> None:
+    if event.item_id != session.playout.item_id or session.state is not State.AGENT_SPEAKING:
+        session.emit_error("item_not_playing", f"item {event.item_id!r} is not being played", event.event_id)
+        return
+    session.cancel_response("client_truncated", audio_end_ms=event.audio_end_ms)
