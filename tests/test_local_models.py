@@ -19,7 +19,7 @@ from duplex.runtime.scheduler import WorkItem
 from duplex.runtime.schedulers.ar import ARScheduler
 from tests.local_helpers import ORDER, Ctx, chunks, collect, reply_text, silence, speak, user_turn, wait_until, word_recall
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first fixture may convert Gemma (1-2 min)
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +130,28 @@ def test_thinker_replies_in_one_line_and_remembers_the_turn(scheduler, runner):
     assert prompt[: len(first_turn)] == first_turn
 
 
+def test_a_next_turn_reuses_the_conversation_kv_and_replies_as_without_it(scheduler, runner):
+    scheduler.inbox.put(user_turn("c1", "Can I get a taro milk tea?", session_id="cached"))
+    first = collect(scheduler, {"c1"})["c1"][-1].data["reply"]
+    wait_until(lambda: len(runner.histories.get("cached").turns) == 1, what="turn recorded")
+    assert runner.conversations.get("cached") is not None
+
+    before = runner.prefilled_tokens
+    scheduler.inbox.put(user_turn("c2", "Large, please.", session_id="cached"))
+    with_cache = collect(scheduler, {"c2"})["c2"][-1].data["reply"]
+    cached_prefill = runner.prefilled_tokens - before
+
+    runner.histories.get("uncached").add("Can I get a taro milk tea?", first)  # same history, no KV
+    before = runner.prefilled_tokens
+    scheduler.inbox.put(user_turn("c3", "Large, please.", session_id="uncached"))
+    without_cache = collect(scheduler, {"c3"})["c3"][-1].data["reply"]
+    fresh_prefill = runner.prefilled_tokens - before
+
+    assert with_cache == without_cache
+    new_line = len(runner.model.encode(runner.persona.turn_text("Large, please.", None)))
+    assert cached_prefill <= new_line + 4 < fresh_prefill  # (+4: the reply's re-tokenized tail)
+
+
 def test_batched_rows_reply_exactly_as_alone(scheduler):
     questions = {"a": "What toppings do you have?", "b": "How much is a large taro milk tea?"}
     alone = {}
@@ -159,10 +181,12 @@ def test_abort_mid_reply_frees_the_slot_and_keeps_history_clean(scheduler, runne
 def test_bad_input_fails_its_request_only(scheduler):
     scheduler.inbox.put(WorkItem("bad", "asr", "not a transcript", eos=True, params={"session_id": "x"}))
     scheduler.inbox.put(WorkItem("empty", "asr", {"unrelated": 1}, eos=True, params={"session_id": "x"}))
+    scheduler.inbox.put(user_turn("huge", "tea " * 2000, session_id="z"))
     scheduler.inbox.put(user_turn("good", "Hi there.", session_id="y"))
-    emits = collect(scheduler, {"bad", "empty", "good"})
+    emits = collect(scheduler, {"bad", "empty", "huge", "good"})
     assert "expected a dict" in emits["bad"][-1].error
     assert "without any user text" in emits["empty"][-1].error
+    assert "fit the context" in emits["huge"][-1].error
     assert emits["good"][-1].eos and emits["good"][-1].error is None
     wait_until(lambda: scheduler.resources()["kv_slots"] == 0, what="slots free")
 

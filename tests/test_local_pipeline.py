@@ -18,7 +18,7 @@ from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.requests import OutputChunk, RequestFinished
 from tests.local_helpers import ORDER, chunks, silence, speak
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 TURN_TIMEOUT_S = 180  # a whole turn on a loaded 2-core box
 
 

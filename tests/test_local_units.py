@@ -25,20 +25,29 @@ def _stream(splitter: PhraseSplitter, deltas: list[str]) -> list[tuple[int, str]
 
 def test_phrases_are_cut_as_soon_as_their_mark_arrives():
     deltas = ["Okay", ",", " one", " bubble", " tea", " with", " less", " ice", ".", " Regular", " or", " large", "?"]
-    cuts = _stream(PhraseSplitter(min_clause_words=1), deltas)
+    cuts = _stream(PhraseSplitter(), deltas)
     assert cuts == [(1, "Okay,"), (8, "one bubble tea with less ice."), (12, "Regular or large?")]
 
 
+def test_the_first_phrase_may_end_before_a_conjunction_later_ones_do_not():
+    deltas = ["A", " regular", " is", " five", " dollars", " and", " a", " large", " is", " six", " dollars", "."]
+    deltas += [" Tea", " and", " pearls", " and", " jelly", "."]
+    cuts = _stream(PhraseSplitter(), deltas)
+    assert cuts == [(6, "A regular is five dollars"), (11, "and a large is six dollars."),
+                    (17, "Tea and pearls and jelly.")]
+    assert _stream(PhraseSplitter(), ["Tea", " and", " milk", "."]) == [(3, "Tea and milk.")]  # too short to cut
+
+
 def test_short_clauses_wait_and_numbers_are_not_cut():
-    splitter = PhraseSplitter(min_clause_words=4)
+    splitter = PhraseSplitter(first_clause_words=4)
     assert splitter.push("Sure, it is $5.") == []  # "5." may continue as "5.50"
     assert splitter.push("50 for a large, ") == ["Sure, it is $5.50 for a large,"]
-    assert splitter.push("and 1,000 pearls") == []
-    assert splitter.flush() == ["and 1,000 pearls"]
+    assert splitter.push("then 1,000 pearls") == []
+    assert splitter.flush() == ["then 1,000 pearls"]
 
 
 def test_unspeakable_fragments_are_dropped_and_long_runs_are_cut():
-    splitter = PhraseSplitter(min_clause_words=1, max_phrase_words=5)
+    splitter = PhraseSplitter(max_phrase_words=5)
     assert splitter.push("... ") == []
     assert splitter.push("one two three four five six seven") == ["one two three four five"]
     assert splitter.flush() == ["six seven"]

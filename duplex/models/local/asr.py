@@ -1,0 +1,179 @@
+"""Streaming speech recognition: Whisper-base (CTranslate2, int8) on the audio heard so far.
+
+Whisper is not a streaming model, so streaming is a policy on top of it:
+
+- while the user speaks, the whole utterance so far is re-transcribed after every
+  ``partial_interval_s`` of new speech, and as soon as ``settle_s`` of silence follows speech
+  (the likely end of the turn, before the session's VAD has decided it);
+- at end of speech (the request's last audio chunk), if nothing but silence arrived since the
+  last partial, that partial IS the final transcript and no model call is left to wait for.
+
+Whisper pads every input to 30 s and the encoder's cost follows the padded length. The encoder
+window here is the utterance's length rounded up to ``window_step_s`` (min ``min_window_s``):
+measured on 2 cores, a 7 s window cost ~0.4 s against ~2 s for 30 s, with the same words on
+Piper speech (5 s windows began to mishear). Utterances past ``commit_after_s`` are committed window by window, so one call
+never sees more than ~30 s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import webrtcvad
+
+from duplex.models.local.audio import resample
+from duplex.runtime.scheduler import WorkItem
+
+SAMPLE_RATE = 16000
+_HOP = 160  # mel frames are 10 ms
+_VAD_FRAME = 480  # 30 ms at 16 kHz, a frame size webrtcvad accepts
+
+
+@dataclass(frozen=True)
+class StreamingPolicy:
+    partial_interval_s: float = 1.0
+    settle_s: float = 0.2
+    min_window_s: float = 7.0
+    window_step_s: float = 5.0
+    commit_after_s: float = 25.0
+    min_speech_frames: int = 3  # voiced 30 ms frames that count as "speech happened"
+
+
+class WhisperTranscriber:
+    """Whisper-base through CTranslate2: greedy decoding, English, no timestamps."""
+
+    def __init__(self, model_dir: Path, threads: int = 1, compute_type: str = "int8", language: str = "en",
+                 hint: str = "") -> None:
+        from faster_whisper import WhisperModel
+        from faster_whisper.tokenizer import Tokenizer
+
+        self._whisper = WhisperModel(str(model_dir), device="cpu", compute_type=compute_type,
+                                     cpu_threads=threads, num_workers=1, local_files_only=True)
+        tokenizer = Tokenizer(self._whisper.hf_tokenizer, multilingual=self._whisper.model.is_multilingual,
+                              task="transcribe", language=language)
+        self._tokenizer = tokenizer
+        # A hint is Whisper's "previous text": domain words it then prefers ("bubble tea", not
+        # "bubble T"; measured on Piper speech with the short encoder window).
+        previous = [tokenizer.sot_prev] + tokenizer.encode(" " + hint.strip()) if hint.strip() else []
+        self._prompt = previous + list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
+
+    def transcribe(self, clips: list[np.ndarray], window_frames: int) -> list[str]:
+        """One batched encoder + greedy decoder call for clips that share a window length."""
+        import ctranslate2
+
+        mels = [self._whisper.feature_extractor(clip)[:, :window_frames] for clip in clips]
+        features = np.zeros((len(clips), mels[0].shape[0], window_frames), dtype=np.float32)
+        for row, mel in enumerate(mels):
+            features[row, :, : mel.shape[1]] = mel
+        encoded = self._whisper.model.encode(ctranslate2.StorageView.from_array(features))
+        results = self._whisper.model.generate(encoded, [self._prompt] * len(clips), beam_size=1,
+                                               max_length=224, return_no_speech_prob=True)
+        texts = []
+        for result in results:
+            tokens = [t for t in result.sequences_ids[0] if t < self._tokenizer.eot]
+            text = self._tokenizer.decode(tokens).strip()
+            texts.append("" if result.no_speech_prob > 0.8 and len(text) < 24 else text)
+        return texts
+
+
+class SpeechDetector:
+    """webrtcvad over 30 ms frames: how many frames of a span carry speech."""
+
+    def __init__(self, aggressiveness: int = 2) -> None:
+        self._vad = webrtcvad.Vad(aggressiveness)
+
+    def voiced_frames(self, audio: np.ndarray) -> list[bool]:
+        pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
+        usable = len(pcm) - len(pcm) % _VAD_FRAME
+        return [self._vad.is_speech(pcm[i : i + _VAD_FRAME].tobytes(), SAMPLE_RATE)
+                for i in range(0, usable, _VAD_FRAME)]
+
+
+class StreamingASR:
+    """The encoder stage's computation (``simple`` scheduler): audio chunks in, transcripts out.
+
+    Emits ``{"user_text", "user_text_final": False}`` for partials and, on the request's last
+    chunk, the final ``{"user_text", "user_text_final": True}`` as its eos output.
+    """
+
+    def __init__(self, transcriber: WhisperTranscriber, policy: StreamingPolicy | None = None) -> None:
+        self.transcriber = transcriber
+        self.policy = policy or StreamingPolicy()
+        self.vad = SpeechDetector()
+        self.calls = 0  # model calls made (benchmarks and tests read it)
+
+    def __call__(self, items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
+        due: list[tuple[int, dict]] = []
+        outputs: list[list[Any]] = [[] for _ in items]
+        for row, (item, state) in enumerate(zip(items, states)):
+            self._append(state, item.data)
+            if self._needs_call(state, final=item.eos):
+                due.append((row, state))
+        self._transcribe_due(due)
+        for row, (item, state) in enumerate(zip(items, states)):
+            text = state.get("text", "")
+            if item.eos:
+                outputs[row].append({"user_text": text, "user_text_final": True})
+            elif any(r == row for r, _ in due) and text and text != state.get("sent"):
+                state["sent"] = text
+                outputs[row].append({"user_text": text, "user_text_final": False})
+        return outputs
+
+    # -- per-request bookkeeping ----------------------------------------------------------------
+    def _append(self, state: dict, data: Any) -> None:
+        state.setdefault("audio", np.zeros(0, np.float32))
+        state.setdefault("done", 0)  # samples covered by state["text"]
+        state.setdefault("committed", 0)  # samples whose words are frozen in state["prefix"]
+        state.setdefault("voiced", [])  # webrtcvad verdict per 30 ms frame, over the whole audio
+        if not isinstance(data, dict) or data.get("audio") is None:
+            return
+        audio = np.asarray(data["audio"], dtype=np.float32).reshape(-1)
+        rate = int(data.get("sample_rate", SAMPLE_RATE))
+        if rate != SAMPLE_RATE:
+            audio = resample(audio, rate, SAMPLE_RATE)
+        state["audio"] = np.concatenate([state["audio"], audio])
+        judged = len(state["voiced"]) * _VAD_FRAME
+        state["voiced"].extend(self.vad.voiced_frames(state["audio"][judged:]))
+
+    def _needs_call(self, state: dict, final: bool) -> bool:
+        policy = self.policy
+        frames_done = state["done"] // _VAD_FRAME
+        new_voiced = state["voiced"][frames_done:]
+        if final:
+            # Any voiced frame since the last transcript may be the end of the last word.
+            return any(new_voiced)
+        if sum(new_voiced) < policy.min_speech_frames:
+            return False  # nothing new was said (Whisper makes words up from silence: "I")
+        new_seconds = (len(state["audio"]) - state["done"]) / SAMPLE_RATE
+        settle_frames = math.ceil(policy.settle_s * SAMPLE_RATE / _VAD_FRAME)
+        settled = len(new_voiced) >= settle_frames and not any(new_voiced[-settle_frames:])
+        return settled or new_seconds >= policy.partial_interval_s
+
+    def _transcribe_due(self, due: list[tuple[int, dict]]) -> None:
+        groups: dict[int, list[dict]] = {}
+        for _, state in due:
+            groups.setdefault(self._window_frames(state), []).append(state)
+        for window, states in groups.items():
+            clips = [state["audio"][state["committed"]:] for state in states]
+            texts = self.transcriber.transcribe(clips, window)
+            self.calls += 1
+            for state, text in zip(states, texts):
+                self._record(state, text)
+
+    def _window_frames(self, state: dict) -> int:
+        policy = self.policy
+        seconds = (len(state["audio"]) - state["committed"]) / SAMPLE_RATE
+        step = policy.window_step_s
+        window_s = min(30.0, max(policy.min_window_s, math.ceil((seconds + 0.5) / step) * step))
+        return int(window_s * SAMPLE_RATE / _HOP)
+
+    def _record(self, state: dict, window_text: str) -> None:
+        prefix = state.get("prefix", "")
+        state["text"] = f"{prefix} {window_text}".strip()
+        state["done"] = len(state["audio"])
+        if (state["done"] - state["committed"]) / SAMPLE_RATE >= self.policy.commit_after_s:
+            state["prefix"], state["committed"] = state["text"], state["done"]

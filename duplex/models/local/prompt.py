@@ -1,0 +1,114 @@
+"""Persona + few-shot prompt for a base (not instruction-tuned) LLM, and per-session history.
+
+Gemma 3 270M has no chat template: it continues text. So the prompt is a written scene (who the
+agent is, how it talks), a few example exchanges, then the session's real history, ending with
+the agent's name and a colon. The agent's turn ends at the first line break, which the examples
+teach (every turn is one line).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+USER_LABEL = "Customer"
+AGENT_LABEL = "Mia"
+
+BUBBLE_TEA_PERSONA = (
+    "Mia works at the counter of Pearl Cup, a bubble tea shop. She takes orders in a friendly way: "
+    "she repeats the order back in one short sentence and asks one question about flavor, size, "
+    "sugar, ice or toppings. Flavors: classic milk tea, taro, matcha, brown sugar, mango and "
+    "passion fruit. Toppings: tapioca pearls, grass jelly, pudding. Regular $5, large $6."
+)
+
+# The examples teach the 270M base model the shape of a reply more than the description does:
+# echo the order, then one question. Measured: without a request like the user's in the
+# examples, the model answered "No, no, no." to "I would like a bubble tea with less ice."
+BUBBLE_TEA_EXAMPLES: tuple[tuple[str, str], ...] = (
+    ("Hi there.", "Hi, welcome to Pearl Cup! What can I get for you today?"),
+    ("Can I get a mango tea with no sugar?", "Sure, one mango tea with no sugar. Would you like a regular or a large?"),
+    ("A large one.", "Okay, a large mango tea. Would you like any toppings?"),
+    ("What toppings do you have?", "We have tapioca pearls, grass jelly and pudding. Which one would you like?"),
+    ("I'll have a bubble tea with extra sugar.", "Sure, one bubble tea with extra sugar. Which flavor would you like?"),
+    ("How much is it?", "A regular is five dollars and a large is six dollars."),
+)
+
+
+# Words the speech recognizer should expect in this persona's conversations.
+BUBBLE_TEA_ASR_HINT = "Bubble tea order."
+
+
+@dataclass(frozen=True)
+class Persona:
+    description: str = BUBBLE_TEA_PERSONA
+    examples: tuple[tuple[str, str], ...] = BUBBLE_TEA_EXAMPLES
+    user_label: str = USER_LABEL
+    agent_label: str = AGENT_LABEL
+
+    def preamble(self) -> str:
+        """The text every session's prompt starts with (a prefix shared by all sessions)."""
+        lines = [self.description, ""]
+        for user, agent in self.examples:
+            lines.append(f"{self.user_label}: {user}")
+            lines.append(f"{self.agent_label}: {agent}")
+        lines.append("")  # a blank line: the real conversation starts here
+        return "\n".join(lines) + "\n"
+
+    def turn_text(self, user: str, agent: str | None) -> str:
+        text = f"{self.user_label}: {clean_line(user)}\n{self.agent_label}:"
+        return text if agent is None else f"{text} {clean_line(agent)}\n"
+
+
+def clean_line(text: str) -> str:
+    """One line: a line break inside a turn would end it early in the one-line-per-turn format."""
+    return " ".join(text.split())
+
+
+@dataclass
+class SessionHistory:
+    """Finished (user, agent) turns of one conversation, oldest first."""
+
+    turns: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, user: str, agent: str) -> None:
+        self.turns.append((clean_line(user), clean_line(agent)))
+
+
+class HistoryStore:
+    """Histories of the most recently active sessions (bounded: old sessions are forgotten)."""
+
+    def __init__(self, max_sessions: int = 256) -> None:
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, SessionHistory] = OrderedDict()
+
+    def get(self, session_id: str) -> SessionHistory:
+        history = self._sessions.pop(session_id, None) or SessionHistory()
+        self._sessions[session_id] = history
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        return history
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+def select_recent(turns: Sequence[Sequence[int]], budget: int) -> list[Sequence[int]]:
+    """The newest turns (returned oldest first) whose token counts add up to at most ``budget``;
+    it stops at the first turn that does not fit, so the kept history has no gaps."""
+    kept: list[Sequence[int]] = []
+    for turn in reversed(turns):
+        if len(turn) > budget:
+            break
+        kept.append(turn)
+        budget -= len(turn)
+    return kept[::-1]
+
+
+def build_prompt(persona: Persona, history: Sequence[tuple[str, str]], user_text: str) -> str:
+    """The whole prompt text of a turn (for inspection and tests; the thinker works in tokens)."""
+    turns = "".join(persona.turn_text(user, agent) for user, agent in history)
+    return persona.preamble() + turns + persona.turn_text(user_text, None)

@@ -1,0 +1,127 @@
+"""Stage builders of the ``local`` family (configs/local.yaml):
+
+    asr     (simple)  user audio chunks -> partial + final transcripts          (terminal)
+      | next
+    thinker (ar)      transcript -> reply text deltas, Gemma 3 270M              (terminal)
+      | stream_to
+    tts     (simple)  text deltas -> audio, phrase by phrase, Piper              (terminal)
+
+Builders load weights from the prepared cache (``assets.py``); a missing cache is built on first
+use, which takes 1-2 minutes: ``duplex model prepare-local`` does it ahead of time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from duplex.config.pipeline import StageConfig
+from duplex.models.local import assets
+from duplex.models.local.asr import StreamingASR, StreamingPolicy, WhisperTranscriber
+from duplex.models.local.gemma import GemmaModel
+from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT, Persona
+from duplex.models.local.thinker import GemmaThinker, ThinkerSettings
+from duplex.models.local.tts import PhraseSplitter, PiperSynth
+from duplex.runtime.scheduler import WorkItem
+
+# Resident weights: float32 ~1.1 GB; the int8 output layer is a second (int8) copy of the tied
+# embedding matrix, so int8 costs a little more memory, not less.
+_WEIGHT_BYTES = {"none": 1_100 * 2**20, "int8": 1_300 * 2**20}
+
+
+def _cache_root(stage: StageConfig) -> Path | None:
+    root = stage.args.get("cache_dir")
+    return Path(root).expanduser() if root else None
+
+
+def _known_args(stage: StageConfig, allowed: set[str]) -> dict[str, Any]:
+    unknown = set(stage.args) - allowed
+    if unknown:
+        raise ValueError(f"stage {stage.name}: unknown args {sorted(unknown)} (known: {sorted(allowed)})")
+    return dict(stage.args)
+
+
+def build_asr(stage: StageConfig, ctx: Any) -> StreamingASR:
+    policy_fields = set(StreamingPolicy.__dataclass_fields__)
+    args = _known_args(stage, policy_fields | {"cache_dir", "compute_type", "hint"})
+    model_dir = assets.prepare_whisper(_cache_root(stage))
+    transcriber = WhisperTranscriber(model_dir, threads=ctx.threads, compute_type=args.get("compute_type", "int8"),
+                                     hint=str(args.get("hint", BUBBLE_TEA_ASR_HINT)))
+    policy = StreamingPolicy(**{k: v for k, v in args.items() if k in policy_fields})
+    return StreamingASR(transcriber, policy)
+
+
+def build_thinker(stage: StageConfig, ctx: Any) -> GemmaThinker:
+    settings_fields = set(ThinkerSettings.__dataclass_fields__)
+    args = _known_args(stage, settings_fields | {"cache_dir", "quantize", "max_len", "persona"})
+    torch.set_num_threads(ctx.threads)
+    model_dir = assets.prepare_gemma(_cache_root(stage))
+    max_len = int(args.get("max_len", 1024))
+    quantize = str(args.get("quantize", "int8"))
+    settings = ThinkerSettings(**{k: v for k, v in args.items() if k in settings_fields})
+    capacity = _slots_for_budget(stage, ctx.memory_bytes, model_dir, max_len, quantize, settings.cached_sessions)
+    model = GemmaModel(model_dir, num_slots=capacity, max_len=max_len, quantize=quantize)
+    persona = Persona(description=args["persona"]) if args.get("persona") else Persona()
+    return GemmaThinker(model, persona, settings, capacity)
+
+
+def _slots_for_budget(stage: StageConfig, budget: int | None, model_dir: Path, max_len: int, quantize: str,
+                      cached_sessions: int) -> int:
+    """KV slots the stage's memory budget pays for after the weights and the conversation cache
+    (each cached conversation takes at most one slot's worth), capped by the scheduler."""
+    wanted = stage.scheduler.max_running_requests if hasattr(stage.scheduler, "max_running_requests") else 1
+    if budget is None:
+        return wanted
+    per_slot = GemmaModel.bytes_per_slot(model_dir, max_len)
+    fixed = _WEIGHT_BYTES[quantize] + cached_sessions * per_slot
+    affordable = (budget - fixed) // per_slot
+    if affordable < 1:
+        need = (fixed + per_slot) / 2**20
+        raise ValueError(f"stage {stage.name}: memory budget {budget / 2**20:.0f} MiB is below the {need:.0f} MiB "
+                         f"that the weights, {cached_sessions} cached conversations and one {max_len}-token "
+                         f"KV slot need")
+    return int(min(wanted, affordable))
+
+
+class StreamingTTS:
+    """The tts stage's computation (``simple`` scheduler): thinker text deltas in, audio out."""
+
+    def __init__(self, synth: PiperSynth, first_clause_words: int = 1, clause_words: int = 4) -> None:
+        self.synth = synth
+        self.first_clause_words, self.clause_words = first_clause_words, clause_words
+
+    def splitter(self) -> PhraseSplitter:
+        return PhraseSplitter(first_clause_words=self.first_clause_words, clause_words=self.clause_words)
+
+    def __call__(self, items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
+        return [self._one(item, state) for item, state in zip(items, states)]
+
+    def _one(self, item: WorkItem, state: dict) -> list[Any]:
+        splitter: PhraseSplitter = state.setdefault("splitter", self.splitter())
+        text = item.data.get("text", "") if isinstance(item.data, dict) else ""
+        phrases = splitter.push(text) if isinstance(text, str) else []
+        if item.eos:
+            phrases += splitter.flush()
+        out = []
+        for phrase in phrases:
+            audio = self.synth.synthesize(phrase)
+            if audio.size:
+                out.append({"audio": audio, "sample_rate": self.synth.sample_rate})
+        return out
+
+
+def build_tts(stage: StageConfig, ctx: Any) -> StreamingTTS:
+    args = _known_args(stage, {"volume", "length_scale", "first_clause_words", "clause_words"})
+    model_path, config_path = assets.piper_voice_paths()
+    synth = PiperSynth(model_path, config_path, threads=ctx.threads, volume=float(args.get("volume", 0.8)),
+                       length_scale=args.get("length_scale"))
+    return StreamingTTS(synth, int(args.get("first_clause_words", 1)), int(args.get("clause_words", 4)))
+
+
+BUILDERS = {
+    "local.asr": build_asr,
+    "local.thinker": build_thinker,
+    "local.tts": build_tts,
+}

@@ -1,0 +1,224 @@
+"""The Gemma thinker as an ``ar`` stage runner (``StepRunner``): one request = one agent turn.
+
+Input: the ASR stage's final output ``{"user_text": ..., "user_text_final": True}`` (or a
+client's ``{"text": ...}``). The prompt is the persona (its KV computed once and copied into the
+slot), the session's history within ``history_budget`` tokens, and the new user line. The turn
+ends at the first line break (the few-shot examples teach one line per turn), an end token, or
+``max_new_tokens``. Output: ``{"text": delta}`` chunks as tokens resolve; the eos emit carries
+the whole reply as ``{"text": "", "reply": ...}``. Finished turns join the session's history;
+an aborted turn does not (the caller heard an unknown part of it).
+
+Threads: ``open/feed/ready/plan/resolve/close`` run on the scheduler thread, ``compute`` on its
+worker. ``plan`` fixes each row's positions without reading earlier results (lookahead), and
+``compute`` reads the previous step's sampled token from ``_last_token``, written by the previous
+``compute`` on the same worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from duplex.models.local.conversation_cache import CachedConversation, ConversationCache
+from duplex.models.local.gemma import GemmaModel
+from duplex.models.local.kv_slots import KVPrefix
+from duplex.models.local.prompt import HistoryStore, Persona, select_recent
+from duplex.runtime.schedulers.ar import RowOutput
+
+
+@dataclass
+class ThinkerSettings:
+    max_new_tokens: int = 48
+    history_budget: int = 640  # tokens of persona + history + user line
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 40
+    cached_sessions: int = 8  # conversations whose KV is kept between turns
+
+
+@dataclass
+class _Row:
+    request_id: str
+    session_id: str
+    params: dict
+    user_text: str | None = None
+    prompt: list[int] = field(default_factory=list)  # tokens after the shared prefix
+    planned_tokens: int = 0  # tokens whose computation has been planned
+    generated: list[int] = field(default_factory=list)  # resolved tokens
+    text: str = ""  # resolved reply text (up to the stop)
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class _Prefill:
+    slot: int
+    reused: KVPrefix  # K/V copied into the slot first: positions [0, start)
+    start: int
+    tokens: list[int]  # computed from ``start``
+    params: dict
+
+
+@dataclass(frozen=True)
+class _Plan:
+    prefill: list[_Prefill]
+    decode: list[tuple[int, int, dict]]  # (slot, position of the token fed, sampling params)
+    empty: list[int]  # rows with nothing to say (empty user text): done without compute
+
+
+class GemmaThinker:
+    """``StepRunner`` for the ``ar`` scheduler."""
+
+    def __init__(self, model: GemmaModel, persona: Persona, settings: ThinkerSettings, capacity: int) -> None:
+        self.model, self.persona, self.settings = model, persona, settings
+        self.capacity = capacity
+        self.histories = HistoryStore()
+        self._prefix_ids = [model.bos_id] + model.encode(persona.preamble())
+        self._prefix: KVPrefix = model.compute_prefix(self._prefix_ids)
+        self.conversations = ConversationCache(settings.cached_sessions)
+        self._rows: dict[int, _Row] = {}
+        self._last_token: dict[int, int] = {}  # worker thread only
+        self.prefilled_tokens = 0  # tokens run through prefill, all requests (benchmarks read it)
+        self._stop_ids = set(model.stop_ids)
+
+    # -- scheduler thread ----------------------------------------------------------------------
+    def open(self, slot: int, request_id: str, params: dict) -> None:
+        session_id = str(params.get("session_id", request_id))
+        self._rows[slot] = _Row(request_id, session_id, dict(params))
+
+    def feed(self, slot: int, source: str, data: Any, eos: bool) -> None:
+        row = self._rows[slot]
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a dict with user_text or text, got {type(data).__name__}")
+        text = data.get("user_text", data.get("text"))
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"user_text must be a string, got {type(text).__name__}")
+        final = eos or bool(data.get("user_text_final")) or "user_text" not in data
+        if text is not None and final and row.user_text is None:
+            prompt = self.prompt_tokens(row.session_id, text.strip())
+            room = self.model.cache.max_len - len(self._prefix_ids) - 1
+            if len(prompt) > room:
+                raise ValueError(f"the user turn is {len(prompt)} tokens; at most {room} fit the context")
+            row.user_text, row.prompt = text.strip(), prompt
+        if eos and row.user_text is None:
+            raise ValueError("the turn ended without any user text")
+
+    def ready(self, slot: int) -> bool:
+        row = self._rows.get(slot)
+        if row is None or row.user_text is None or row.finished:
+            return False
+        return row.planned_tokens < self._token_limit(row)
+
+    def plan(self, slots: list[int]) -> _Plan:
+        prefill, decode, empty = [], [], []
+        for slot in slots:
+            row = self._rows[slot]
+            if not row.user_text:
+                empty.append(slot)
+                row.planned_tokens = self._token_limit(row)
+            elif row.planned_tokens == 0:
+                prefill.append(self._plan_prefill(slot, row))
+                row.planned_tokens = 1
+            else:
+                decode.append((slot, len(self._prefix_ids) + len(row.prompt) + row.planned_tokens - 1, row.params))
+                row.planned_tokens += 1
+        return _Plan(prefill, decode, empty)
+
+    def _plan_prefill(self, slot: int, row: _Row) -> _Prefill:
+        """Reuse the session's cached conversation K/V where its tokens match, else the persona's."""
+        tokens = self._prefix_ids + row.prompt
+        reused, start = self._prefix, len(self._prefix_ids)
+        cached = self.conversations.get(row.session_id)
+        if cached is not None:
+            matching = min(cached.reusable(tokens), len(tokens) - 1)  # one token left to get logits
+            if matching > start:
+                reused = [(k[:, :matching], v[:, :matching]) for k, v in cached.kv]
+                start = matching
+        return _Prefill(slot, reused, start, tokens[start:], row.params)
+
+    def resolve(self, plan: _Plan, raw: dict[int, int]) -> dict[int, RowOutput]:
+        outputs = {slot: RowOutput(done=True, final={"text": "", "reply": ""}) for slot in plan.empty}
+        for slot, token in raw.items():
+            row = self._rows.get(slot)
+            if row is None or row.finished:
+                continue
+            outputs[slot] = self._advance(row, token)
+        return outputs
+
+    def close(self, slot: int) -> None:
+        row = self._rows.pop(slot, None)
+        if row is None or not row.finished or not row.user_text:
+            return  # aborted or failed: the caller heard an unknown part, so nothing is kept
+        # Positions computed in this slot: every prompt token and every generated token but the
+        # last (it was sampled, never fed back).
+        computed = self._prefix_ids + row.prompt + row.generated[:-1]
+        kv = self.model.cache.read_prefix(slot, len(computed))
+        self.conversations.put(row.session_id, CachedConversation(tuple(computed), kv))
+        self.histories.get(row.session_id).add(row.user_text, row.text)
+
+    def held(self) -> dict[str, int]:
+        return {"open_rows": len(self._rows)}
+
+    # -- worker thread -------------------------------------------------------------------------
+    def compute(self, plan: _Plan) -> dict[int, int]:
+        sampled: dict[int, int] = {}
+        for job in plan.prefill:
+            self.model.cache.copy_prefix(job.slot, job.reused)
+            logits = self.model.prefill(job.slot, job.start, job.tokens)
+            self.prefilled_tokens += len(job.tokens)
+            sampled[job.slot] = self._sample(logits[None], [job.params])[0]
+        if plan.decode:
+            slots = [slot for slot, _, _ in plan.decode]
+            positions = [pos for _, pos, _ in plan.decode]
+            logits = self.model.decode(slots, positions, [self._last_token[s] for s in slots])
+            for slot, token in zip(slots, self._sample(logits, [params for _, _, params in plan.decode])):
+                sampled[slot] = token
+        self._last_token.update(sampled)
+        return sampled
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _sample(self, logits: torch.Tensor, params: list[dict]) -> list[int]:
+        tokens = []
+        for row_logits, p in zip(logits, params):
+            temperature = float(p.get("temperature", self.settings.temperature))
+            if temperature <= 0:
+                tokens.append(int(row_logits.argmax()))
+                continue
+            top = torch.topk(row_logits / temperature, int(p.get("top_k", self.settings.top_k)))
+            choice = torch.multinomial(torch.softmax(top.values, dim=-1), 1)
+            tokens.append(int(top.indices[choice]))
+        return tokens
+
+    def _token_limit(self, row: _Row) -> int:
+        room = self.model.cache.max_len - len(self._prefix_ids) - len(row.prompt)
+        return max(1, min(int(row.params.get("max_new_tokens", self.settings.max_new_tokens)), room))
+
+    def prompt_tokens(self, session_id: str, user_text: str) -> list[int]:
+        """Token ids after the shared prefix: the newest history turns that fit, then the user line.
+
+        Each turn is tokenized on its own, so a session's earlier turns keep the same ids from
+        one prompt to the next (the prefix a conversation cache can reuse)."""
+        current = self.model.encode(self.persona.turn_text(user_text, None))
+        room = min(self.settings.history_budget, self.model.cache.max_len - self.settings.max_new_tokens)
+        room -= len(self._prefix_ids) + len(current)
+        turns = [self.model.encode(self.persona.turn_text(u, a)) for u, a in self.histories.get(session_id).turns]
+        kept = select_recent(turns, room)
+        return [token for turn in kept for token in turn] + current
+
+    def _advance(self, row: _Row, token: int) -> RowOutput:
+        row.generated.append(token)
+        line, newline = "", False
+        if token not in self._stop_ids:
+            decoded = self.model.tokenizer.decode(row.generated, skip_special_tokens=True)
+            line, separator, _ = decoded.partition("\n")
+            newline = bool(separator)
+            line = line.lstrip() if newline else line.lstrip().rstrip("\ufffd")  # wait for a split character
+        emits = []
+        if line.startswith(row.text) and len(line) > len(row.text):
+            emits.append({"text": line[len(row.text):]})
+            row.text = line
+        stop = token in self._stop_ids or newline or len(row.generated) >= self._token_limit(row)
+        if stop:
+            row.finished = True
+            return RowOutput(emits=emits, done=True, final={"text": "", "reply": row.text.strip()})
+        return RowOutput(emits=emits)

@@ -1,0 +1,111 @@
+"""Streaming text-to-speech with Piper: speak each phrase as soon as the thinker finishes it.
+
+The thinker streams text deltas; waiting for the whole reply would add its full decode time to
+the time to first audio. ``PhraseSplitter`` cuts the stream at sentence ends (and at clause
+breaks once a phrase is long enough to sound natural) and Piper synthesizes each phrase.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# A mark right after a letter ends a phrase at once, without waiting for the next token to
+# bring the space; after a digit ("$5.50", "1,000") it waits for the space.
+_SENTENCE_END = re.compile(r"(?:(?<=[A-Za-z])[.!?]+[\"')\]]*(?=\s|$)|[.!?]+[\"')\]]*\s)")
+_CLAUSE_END = re.compile(r"(?:(?<=[A-Za-z])[,;:\u2014](?=\s|$)|[,;:\u2014]\s)")
+_SPEAKABLE = re.compile(r"[A-Za-z0-9]")
+
+
+_BREAK_BEFORE = ("and", "but", "or", "so", "because")
+
+
+@dataclass
+class PhraseSplitter:
+    """Accumulates streamed text and hands out speakable phrases in order.
+
+    The first phrase decides when the agent starts to speak, so it is cut sooner: at a comma
+    after one word ("Sure,"), or before a conjunction ("A regular is five dollars | and ...").
+    Later phrases wait for longer clauses, which sound more natural.
+    """
+
+    first_clause_words: int = 1  # a comma ends the first phrase after this many words
+    clause_words: int = 4  # ... and later phrases after this many
+    first_break_words: int = 3  # the first phrase may end before "and"/"but"/... after this many
+    max_phrase_words: int = 24  # no phrase grows past this without a cut at a space
+    buffer: str = ""
+    phrases_out: int = 0
+
+    def push(self, text: str) -> list[str]:
+        self.buffer += text
+        phrases = []
+        while (cut := self._next_cut()) is not None:
+            phrase, self.buffer = self.buffer[:cut].strip(), self.buffer[cut:]
+            if _SPEAKABLE.search(phrase):
+                phrases.append(phrase)
+                self.phrases_out += 1
+        return phrases
+
+    def flush(self) -> list[str]:
+        phrase, self.buffer = self.buffer.strip(), ""
+        if not _SPEAKABLE.search(phrase):
+            return []
+        self.phrases_out += 1
+        return [phrase]
+
+    def _next_cut(self) -> int | None:
+        first = self.phrases_out == 0
+        if match := _SENTENCE_END.search(self.buffer):
+            return match.end()
+        min_words = self.first_clause_words if first else self.clause_words
+        for match in _CLAUSE_END.finditer(self.buffer):
+            if len(self.buffer[: match.start()].split()) >= min_words:
+                return match.end()
+        words = self.buffer.split(" ")
+        if first and (cut := self._conjunction_cut(words)) is not None:
+            return cut
+        if len(words) > self.max_phrase_words:
+            return len(" ".join(words[: self.max_phrase_words])) + 1
+        return None
+
+    def _conjunction_cut(self, words: list[str]) -> int | None:
+        """Offset just before a conjunction that is complete (a space or more text follows it)."""
+        for index in range(1, len(words) - 1):
+            spoken = [w for w in words[:index] if w]
+            if words[index].lower() in _BREAK_BEFORE and len(spoken) >= self.first_break_words:
+                return len(" ".join(words[:index])) + 1
+        return None
+
+
+class PiperSynth:
+    """A Piper voice on onnxruntime with an explicit thread count."""
+
+    def __init__(self, model_path: Path, config_path: Path, threads: int = 1, volume: float = 0.8,
+                 length_scale: float | None = None, noise_scale: float | None = None,
+                 noise_w_scale: float | None = None) -> None:
+        """``noise_scale=0, noise_w_scale=0`` make the voice deterministic (flatter, too)."""
+        import onnxruntime
+        from piper import PiperVoice, SynthesisConfig
+        from piper.config import PiperConfig
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = onnxruntime.InferenceSession(str(model_path), sess_options=options,
+                                               providers=["CPUExecutionProvider"])
+        config = PiperConfig.from_dict(json.loads(Path(config_path).read_text(encoding="utf-8")))
+        self.voice = PiperVoice(config=config, session=session)
+        self.sample_rate = config.sample_rate
+        self.syn_config = SynthesisConfig(volume=volume, length_scale=length_scale, noise_scale=noise_scale,
+                                          noise_w_scale=noise_w_scale)
+
+    def synthesize(self, text: str) -> np.ndarray:
+        """Float32 mono audio at ``sample_rate`` for ``text`` (all its sentences, joined)."""
+        chunks = [chunk.audio_float_array for chunk in self.voice.synthesize(text, self.syn_config)]
+        if not chunks:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate(chunks).astype(np.float32, copy=False)

@@ -1,0 +1,113 @@
+"""The default server (`duplex serve`, configs/local.yaml) called over real WebRTC on loopback:
+a spoken order synthesized at test time goes in through the edge, and the agent's reply comes
+back as audio that Whisper can understand. Then a barge-in, after which no stage holds anything."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from duplex.edge.client import RealtimeClient
+from duplex.edge.harness import ServerProcess
+from duplex.edge.probes import ask, hear
+from duplex.edge.rtc_options import use_loopback_candidates
+from duplex.models.local import assets
+from duplex.models.local.asr import WhisperTranscriber
+from duplex.models.local.audio import resample
+from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
+from tests.local_helpers import ORDER, speak
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def server():
+    assets.prepare_all()  # the server would do it too, but inside its start-up time
+    with ServerProcess(["--port", "0", "--ice-loopback", "--max-sessions", "2"], ready_timeout=300) as proc:
+        yield proc
+    assert proc.stop() == 0, "".join(proc.output[-30:])
+
+
+@pytest.fixture(autouse=True)
+def loopback_candidates():
+    use_loopback_candidates(True)
+    yield
+    use_loopback_candidates(False)
+
+
+@pytest.fixture(scope="module")
+def order() -> np.ndarray:
+    return speak(ORDER, rate=48000)
+
+
+@pytest.fixture(scope="module")
+def question_and_interruption() -> tuple[np.ndarray, np.ndarray]:
+    # Made before any call: synthesis inside the test would stall the client's event loop.
+    return speak("What flavors do you have?", rate=48000), speak("Wait, stop.", rate=48000)
+
+
+async def _stats(url: str) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        reply = await http.get("/duplex/stats")
+        assert reply.status_code == 200
+        return reply.json()
+
+
+async def _wait_idle(url: str, timeout: float = 15.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await _stats(url)
+        stages = current["stages"]
+        if all(v["live_requests"] == 0 and not any(v["resources"].values()) for v in stages.values()):
+            return current
+        assert time.monotonic() < deadline, f"stages still hold state: {stages}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_spoken_order_gets_an_intelligible_spoken_reply(server, order):
+    client = RealtimeClient(server.url)
+    await client.connect()
+    try:
+        created = await ask(client, order, timeout=60)
+        response_id = created["response"]["id"]
+        transcript = await client.wait_event("conversation.item.input_audio_transcription.completed", timeout=60)
+        assert "bubble tea" in transcript["transcript"].lower(), transcript
+        started = await client.wait_event("output_audio_buffer.started", timeout=60, response_id=response_id)
+        done = await client.wait_event("response.done", timeout=120)
+        assert done["response"]["id"] == response_id and done["response"]["status"] == "completed", done
+        await client.wait_event("output_audio_buffer.stopped", timeout=60, response_id=response_id)
+        reply = np.concatenate([h.pcm for h in client.heard if h.at >= client.time_of(started) - 0.1])
+        heard = WhisperTranscriber(assets.prepare_whisper(), hint=BUBBLE_TEA_ASR_HINT).transcribe(
+            [resample(reply, 48000, 16000)[: 30 * 16000]], 3000)[0]
+        assert len(heard.split()) >= 3, f"the agent's reply was heard as {heard!r}"
+        await _wait_idle(server.url)
+    finally:
+        await client.hang_up()
+
+
+async def test_barge_in_frees_the_thinker(server, question_and_interruption):
+    question, interruption = question_and_interruption
+    client = RealtimeClient(server.url)
+    await client.connect()
+    try:
+        # A question with a long answer (the whole flavor list): the thinker is still writing it
+        # when its first phrase starts to play and the caller talks over it.
+        created = await ask(client, question, timeout=60)
+        response_id = created["response"]["id"]
+        started = await client.wait_event("output_audio_buffer.started", timeout=60, response_id=response_id)
+        await hear(client, client.time_of(started), 0.1, timeout=30)
+        client.mic.play(interruption)
+        await client.wait_event("conversation.item.truncated", timeout=20, after=client.time_of(started))
+        done = await client.wait_event("response.done", timeout=30)
+        assert done["response"]["id"] == response_id and done["response"]["status"] == "cancelled", done
+        # The interruption is a turn of its own: let its reply finish, then nothing may be held.
+        await client.wait_event("response.done", timeout=180, after=client.time_of(done))
+        final = await _wait_idle(server.url)
+        thinker = final["stages"]["thinker"]
+        assert thinker["resources"]["kv_slots"] == 0 and thinker["counters"]["aborted"] >= 1
+    finally:
+        await client.hang_up()
