@@ -15,16 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from duplex.config.pipeline import StageConfig
 from duplex.models.local import assets
 from duplex.models.local.asr import StreamingASR, StreamingPolicy, WhisperTranscriber
-from duplex.models.local.gemma import GemmaModel
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT, Persona
-from duplex.models.local.thinker import GemmaThinker, ThinkerSettings
 from duplex.models.local.tts import PhraseSplitter, PiperSynth
 from duplex.runtime.scheduler import WorkItem
+
+# torch and the Gemma modules load inside build_thinker: the registry imports this module in
+# every process that reads it (the CLI, the coordinator), and only the thinker needs them.
 
 # Resident weights: float32 ~1.1 GB; the int8 output layer is a second (int8) copy of the tied
 # embedding matrix, so int8 costs a little more memory, not less.
@@ -53,7 +52,12 @@ def build_asr(stage: StageConfig, ctx: Any) -> StreamingASR:
     return StreamingASR(transcriber, policy)
 
 
-def build_thinker(stage: StageConfig, ctx: Any) -> GemmaThinker:
+def build_thinker(stage: StageConfig, ctx: Any) -> "GemmaThinker":
+    import torch
+
+    from duplex.models.local.gemma import GemmaModel
+    from duplex.models.local.thinker import GemmaThinker, ThinkerSettings
+
     settings_fields = set(ThinkerSettings.__dataclass_fields__)
     args = _known_args(stage, settings_fields | {"cache_dir", "quantize", "max_len", "persona"})
     torch.set_num_threads(ctx.threads)
@@ -61,20 +65,20 @@ def build_thinker(stage: StageConfig, ctx: Any) -> GemmaThinker:
     max_len = int(args.get("max_len", 1024))
     quantize = str(args.get("quantize", "int8"))
     settings = ThinkerSettings(**{k: v for k, v in args.items() if k in settings_fields})
-    capacity = _slots_for_budget(stage, ctx.memory_bytes, model_dir, max_len, quantize, settings.cached_sessions)
+    per_slot = GemmaModel.bytes_per_slot(model_dir, max_len)
+    capacity = _slots_for_budget(stage, ctx.memory_bytes, per_slot, max_len, quantize, settings.cached_sessions)
     model = GemmaModel(model_dir, num_slots=capacity, max_len=max_len, quantize=quantize)
     persona = Persona(description=args["persona"]) if args.get("persona") else Persona()
     return GemmaThinker(model, persona, settings, capacity)
 
 
-def _slots_for_budget(stage: StageConfig, budget: int | None, model_dir: Path, max_len: int, quantize: str,
+def _slots_for_budget(stage: StageConfig, budget: int | None, per_slot: int, max_len: int, quantize: str,
                       cached_sessions: int) -> int:
     """KV slots the stage's memory budget pays for after the weights and the conversation cache
     (each cached conversation takes at most one slot's worth), capped by the scheduler."""
     wanted = stage.scheduler.max_running_requests if hasattr(stage.scheduler, "max_running_requests") else 1
     if budget is None:
         return wanted
-    per_slot = GemmaModel.bytes_per_slot(model_dir, max_len)
     fixed = _WEIGHT_BYTES[quantize] + cached_sessions * per_slot
     affordable = (budget - fixed) // per_slot
     if affordable < 1:
