@@ -3,6 +3,7 @@ one-shot computation on the same tiny checkpoint, and the AR schedulers keep slo
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -13,8 +14,14 @@ import torch
 from duplex.config.pipeline import StageConfig
 from duplex.models.qwen3_omni.code2wav import StreamingCode2Wav
 from duplex.models.qwen3_omni.encoder import StreamingAudioEncoder
-from duplex.models.qwen3_omni.loading import (load_audio_encoder, load_code2wav, load_config, load_talker,
-                                              load_thinker, special_tokens)
+from duplex.models.qwen3_omni.loading import (
+    load_audio_encoder,
+    load_code2wav,
+    load_config,
+    load_talker,
+    load_thinker,
+    special_tokens,
+)
 from duplex.models.qwen3_omni.reference import Reference
 from duplex.models.qwen3_omni.talker import TalkerRunner
 from duplex.models.qwen3_omni.thinker import ThinkerRunner
@@ -233,6 +240,64 @@ def test_abort_mid_decode_frees_the_slot_once_and_the_row_is_never_stepped_again
         ref = reference.run(audio, system_ids=SYSTEM, thinker_max_new_tokens=8, talker_max_new_tokens=4)
         assert [t for e in emits for t in e.data["token_ids"]] == ref.text_tokens
     finally:
+        sched.stop()
+
+
+class _GatedThinker(ThinkerRunner):
+    """The real runner; once armed, its next compute waits for the test to open the gate."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def compute(self, plan):
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            self.entered.set()
+            assert gate.wait(timeout=60), "the test never opened the gate"
+        return super().compute(plan)
+
+
+def test_abort_frees_the_slot_while_its_step_is_in_flight_and_a_new_owner_still_matches_generate(
+        model_dir, reference, encoder):
+    lm, config = load_thinker(model_dir)
+    runner = _GatedThinker(lm, config, special_tokens(config), memory_bytes=None, max_len=256, system_ids=SYSTEM)
+    sched = ARScheduler(StageConfig(name="thinker", builder="x", scheduler={"kind": "ar", "max_running_requests": 1}),
+                        runner)
+    sched.start()
+    gate = threading.Event()
+    try:
+        audio = speech_like(1.0, 8)
+        embeds = encoder.encode_whole(audio)
+        sched.inbox.put(item("victim", {"audio_embeds": embeds}, True, {"thinker_max_new_tokens": 200}))
+        deadline = time.monotonic() + 30
+        seen = 0
+        while seen < 2:
+            assert time.monotonic() < deadline
+            seen += sum(1 for e in sched.outbox.drain() if e.request_id == "victim")
+            time.sleep(0.001)
+        runner.gate = gate
+        assert runner.entered.wait(timeout=30)  # a step holding the victim's slot is computing now
+        sched.abort("victim")
+        while sched.live_requests() or sched.resources()["kv_slots"]:
+            assert time.monotonic() < deadline, sched.resources()
+            time.sleep(0.001)
+        assert not gate.is_set() and not runner.rows  # freed before the step in flight resolved
+        sched.outbox.drain()  # what the victim emitted before its abort was handled
+        # The only slot goes to a new request at once; the old step resolves later, dropped.
+        sched.inbox.put(item("next", {"audio_embeds": embeds}, True, {"thinker_max_new_tokens": 8}))
+        while sched.resources()["kv_slots"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        gate.set()
+        emits = drain_until(sched, set(), 1)
+        assert set(emits) == {"next"}  # nothing of the victim left the stage after its abort
+        ref = reference.run(audio, system_ids=SYSTEM, thinker_max_new_tokens=8, talker_max_new_tokens=4)
+        assert [t for e in emits["next"] for t in e.data["token_ids"]] == ref.text_tokens
+        assert sched.resources()["kv_slots"] == 0
+    finally:
+        gate.set()
         sched.stop()
 
 

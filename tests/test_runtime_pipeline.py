@@ -4,12 +4,10 @@ import asyncio
 import os
 import signal
 
-import numpy as np
 import psutil
-import pytest
 
 from duplex.runtime import shm
-from duplex.runtime.requests import OutputChunk, RequestStatus
+from duplex.runtime.requests import RequestStatus
 from tests.runtime_helpers import coordinator, stage_holds, wait_for
 
 STREAM = [

@@ -5,22 +5,31 @@ in one run, at several concurrencies.
 Every turn's user audio arrives in real time (250 ms feeds); all turns of a round end speaking
 together. Time to first audio (TTFA) runs from the end of speech to the first audio chunk; the
 real-time factor is a turn's time from end of speech to its last audio over the audio's length;
-throughput is seconds of audio produced per second of wall time. The fused baseline's TTFA at
-concurrency 1 is the critical path's pure compute (its loop steps whatever is closest to audio
-first), so the staged TTFA over it is the runtime's overhead.
+throughput is seconds of audio produced per second of wall time.
+
+Runtime overhead at concurrency 1: the stages trace each step's compute span (``steptrace``), and
+``critical_path`` sums the compute on the path of each turn's first audio chunk; the staged TTFA
+over that is the overhead (hops, queueing, waking). The same path's compute in the fused loop is
+shown beside it, so contention for the cores between parallel stages shows as well. Then abort
+trials measure abort -> every stage empty (``aborts``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import yaml
 
+from duplex.bench.aborts import measure_aborts
+from duplex.bench.critical_path import first_chunk_path
 from duplex.bench.report import percentile, table, write_json
+from duplex.runtime import steptrace
 
 FEED_SAMPLES = 4000  # 250 ms at 16 kHz
 
@@ -34,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--audio-seconds", type=float, default=1.5, help="user speech per turn")
     parser.add_argument("--thinker-tokens", type=int, default=12)
     parser.add_argument("--talker-frames", type=int, default=25, help="codec frames per reply (80 ms each)")
+    parser.add_argument("--aborts", type=int, default=9, help="abort trials (abort -> every stage empty); 0 to skip")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", default="bench-pipeline.png", help="PNG of the concurrency curves ('' to skip)")
     parser.set_defaults(func=run, takes_overrides=True)
@@ -94,45 +104,49 @@ async def _staged_round(coord, concurrency: int, args, seed: int) -> tuple[list[
                     samples += len(event.data["audio"])
             elif event.status.value != "completed":
                 raise RuntimeError(f"turn {handle.request_id} ended {event.status.value}: {event.error}")
-        return first - end_of_speech, time.monotonic() - end_of_speech, samples / 24000
+        return first - end_of_speech, time.monotonic() - end_of_speech, samples / 24000, first
 
     results = await asyncio.gather(*(follow(h) for h in handles))
     wall = time.monotonic() - end_of_speech
     audio_s = sum(r[2] for r in results)
-    return [r[0] for r in results], [r[1] / r[2] for r in results], audio_s, wall
+    turns = [{"rid": h.request_id, "end_of_speech": end_of_speech, "first_audio": r[3]} for h, r in zip(handles, results)]
+    return [r[0] for r in results], [r[1] / r[2] for r in results], audio_s, wall, turns
 
 
 async def _measure_staged(cfg, levels: list[int], args) -> dict:
     from duplex.models.registry import BUILDERS
     from duplex.runtime.coordinator import Coordinator
 
-    out = {}
+    out, turns_c1 = {}, []
     async with Coordinator(cfg, BUILDERS) as coord:
         await _staged_round(coord, 1, args, seed=999)  # warm-up: first calls allocate and page in
         for level in levels:
             ttfa, rtf, audio_s, wall = [], [], 0.0, 0.0
             for r in range(args.rounds):
-                t, f, a, w = await _staged_round(coord, level, args, seed=100 * level + r)
+                t, f, a, w, turns = await _staged_round(coord, level, args, seed=100 * level + r)
                 ttfa += t
                 rtf += f
                 audio_s += a
                 wall += w
+                if level == 1:
+                    turns_c1 += turns
             out[level] = _summary(ttfa, rtf, audio_s, wall)
             await coord.wait_idle(timeout=30)
             print(f"  staged  c={level}: ttfa p50 {out[level]['ttfa_p50_ms']:.0f} ms", flush=True)
-    return out
+        aborts = await measure_aborts(coord, args.aborts) if args.aborts else {}
+    return {"levels": out, "turns_c1": turns_c1, "aborts": aborts}
 
 
-def _measure_fused(model_dir: str, system_ids: list[int], levels: list[int], args) -> dict:
+def _measure_fused(model_dir: str, system_ids: list[int], chunking: dict, levels: list[int], args) -> dict:
     import torch
 
     from duplex.models.qwen3_omni.fused import FusedOmni
 
     torch.set_num_threads(1)
-    fused = FusedOmni(model_dir, system_ids=system_ids)
+    fused = FusedOmni(model_dir, system_ids=system_ids, **chunking)
     params = {"thinker_max_new_tokens": args.thinker_tokens, "talker_max_new_tokens": args.talker_frames + 1}
     fused.run_turn(_speech(args.audio_seconds, 999), params)  # warm-up
-    out = {}
+    out, paths_c1 = {}, []
     for level in levels:
         ttfa, rtf, audio_s, wall = [], [], 0.0, 0.0
         for r in range(args.rounds):
@@ -140,6 +154,9 @@ def _measure_fused(model_dir: str, system_ids: list[int], levels: list[int], arg
             start = time.perf_counter()
             for i in range(level):
                 turn = fused.run_turn(_speech(args.audio_seconds, 100 * level + r + i), params)
+                if level == 1:
+                    paths_c1.append(first_chunk_path(turn.spans, "fused", turn.started, turn.started + turn.first_audio_s,
+                                                     chunking["first_chunk_frames"]))
                 waited = time.perf_counter() - start - turn.total_s
                 ttfa.append(waited + turn.first_audio_s)
                 rtf.append((waited + turn.total_s) / (turn.audio_samples / 24000))
@@ -147,7 +164,7 @@ def _measure_fused(model_dir: str, system_ids: list[int], levels: list[int], arg
             wall += time.perf_counter() - start
         out[level] = _summary(ttfa, rtf, audio_s, wall)
         print(f"  fused   c={level}: ttfa p50 {out[level]['ttfa_p50_ms']:.0f} ms", flush=True)
-    return out
+    return out, [p for p in paths_c1 if p]
 
 
 def render(results: dict) -> str:
@@ -161,8 +178,41 @@ def render(results: dict) -> str:
     text = table(["conc", "staged TTFA p50 ms", "p95", "fused TTFA p50 ms", "p95", "staged RTF", "fused RTF",
                   "staged audio s/s", "fused audio s/s", "p95 TTFA fused/staged", "thru staged/fused"], rows)
     o = results["overhead_c1"]
-    return text + (f"\ncritical path pure compute (fused TTFA p50, c=1): {o['pure_compute_ms']:.0f} ms; staged TTFA p50 "
-                   f"c=1: {o['staged_ms']:.0f} ms; runtime overhead {o['ratio']:.1%}")
+    if o.get("turns"):
+        text += (f"\ncritical path at c=1 (p50 of {o['turns']} turns): pure compute {o['critical_compute_ms']:.1f} ms "
+                 f"(serial sum {o['serial_compute_ms']:.1f} ms), staged TTFA {o['staged_ms']:.1f} ms -> runtime overhead "
+                 f"{o['ratio']:.1%} (per-turn p50 {o['per_turn_ratio_p50']:.1%}); fused TTFA p50 {o['fused_ms']:.1f} ms"
+                 f"\n  the same path computed in the fused loop (no stage competing for the cores): "
+                 f"{o['isolated_compute_ms']:.1f} ms -> staged TTFA over it {o['ratio_vs_isolated']:.1%}")
+        text += "\n  compute on the path, ms: " + ", ".join(f"{k} {v:.1f}" for k, v in o["compute_ms"].items())
+        text += "\n  gaps on the path, ms:    " + ", ".join(f"{k} {v:.1f}" for k, v in o["gaps_ms"].items())
+    a = results.get("aborts") or {}
+    if a:
+        text += (f"\nabort -> every stage empty ({len(a['trials'])} trials): p50 {a['p50_ms']:.1f} ms, "
+                 f"p95 {a['p95_ms']:.1f} ms, max {a['max_ms']:.1f} ms (target <= 50 ms)")
+    return text
+
+
+def overhead_c1(spans: list[dict], turns: list[dict], first_chunk_frames: int, fused_ms: float,
+                fused_paths: list[dict]) -> dict:
+    """TTFA over the critical path's pure compute, per turn, from the stages' step spans; and the
+    same path's compute in the fused loop (no other stage competing for the cores)."""
+    paths = [p for t in turns
+             if (p := first_chunk_path(spans, t["rid"], t["end_of_speech"], t["first_audio"], first_chunk_frames))]
+    if not paths:
+        return {"turns": 0, "fused_ms": fused_ms}
+    med = lambda values: percentile(values, 50)
+    critical, ttfa = med([p["critical_compute_ms"] for p in paths]), med([p["ttfa_ms"] for p in paths])
+    isolated = med([p["critical_compute_ms"] for p in fused_paths])
+    compute = {"encoder": med([p["compute_ms"]["encoder"] for p in paths]),
+               "thinker": med([sum(p["compute_ms"]["thinker"]) for p in paths]),
+               "talker": med([sum(p["compute_ms"]["talker"]) for p in paths]),
+               "code2wav": med([p["compute_ms"]["code2wav"] for p in paths])}
+    return {"turns": len(paths), "critical_compute_ms": critical, "staged_ms": ttfa, "ratio": ttfa / critical - 1,
+            "per_turn_ratio_p50": med([p["overhead"] for p in paths]), "fused_ms": fused_ms,
+            "isolated_compute_ms": isolated, "ratio_vs_isolated": ttfa / isolated - 1, "fused_paths": fused_paths,
+            "serial_compute_ms": med([p["serial_compute_ms"] for p in paths]), "compute_ms": compute,
+            "gaps_ms": {k: med([p["gaps_ms"][k] for p in paths]) for k in paths[0]["gaps_ms"]}, "paths": paths}
 
 
 def plot(results: dict, path: str) -> None:
@@ -194,17 +244,24 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     cfg, model_dir = _pipeline(args.config, args.model_dir, overrides)
     _ensure_model(model_dir)
     system_ids = [int(i) for i in cfg.stage("thinker").args.get("system_ids", [])]
+    talker_args = cfg.stage("talker").args
+    chunking = {"first_chunk_frames": int(talker_args.get("first_chunk_frames", 2)),
+                "chunk_frames": int(talker_args.get("chunk_frames", 6))}
     print(f"pipeline bench: {cfg.name}, concurrency {levels}, {args.audio_seconds}s speech, "
-          f"{args.thinker_tokens} tokens, {args.talker_frames} frames per turn", flush=True)
-    staged = asyncio.run(_measure_staged(cfg, levels, args))
-    fused = _measure_fused(model_dir, system_ids, levels, args)
+          f"{args.thinker_tokens} tokens, {args.talker_frames} frames per turn; load {os.getloadavg()[0]:.2f}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="duplex-trace-") as trace_dir:
+        os.environ[steptrace.ENV] = trace_dir  # the stage processes inherit it at spawn
+        try:
+            staged = asyncio.run(_measure_staged(cfg, levels, args))
+        finally:
+            os.environ.pop(steptrace.ENV, None)
+        spans = steptrace.read_spans(trace_dir)
+    fused, fused_paths = _measure_fused(model_dir, system_ids, chunking, levels, args)
     results = {"config": cfg.name, "concurrency": levels, "args": {k: v for k, v in vars(args).items() if k != "func"},
-               "staged": {str(k): v for k, v in staged.items()}, "fused": {str(k): v for k, v in fused.items()}}
-    if 1 in levels:
-        pure, staged_ms = fused[1]["ttfa_p50_ms"], staged[1]["ttfa_p50_ms"]
-        results["overhead_c1"] = {"pure_compute_ms": pure, "staged_ms": staged_ms, "ratio": staged_ms / pure - 1}
-    else:
-        results["overhead_c1"] = {"pure_compute_ms": float("nan"), "staged_ms": float("nan"), "ratio": float("nan")}
+               "load_avg_1m": os.getloadavg()[0], "staged": {str(k): v for k, v in staged["levels"].items()},
+               "fused": {str(k): v for k, v in fused.items()}, "aborts": staged["aborts"],
+               "overhead_c1": overhead_c1(spans, staged["turns_c1"], chunking["first_chunk_frames"],
+                                          fused[1]["ttfa_p50_ms"] if 1 in fused else float("nan"), fused_paths)}
     print(render(results))
     write_json(args.json_path, results)
     if args.plot:

@@ -25,6 +25,10 @@ class FusedTurn:
     total_s: float
     tokens: list[int] = field(default_factory=list)
     audio_samples: int = 0
+    started: float = 0.0  # time.monotonic() at the call
+    # Each computation's span, in the step-trace format (``duplex.runtime.steptrace``), so the
+    # bench reads the critical path's compute the same way for the fused loop and the stages.
+    spans: list[dict] = field(default_factory=list)
 
 
 class FusedOmni:
@@ -39,28 +43,34 @@ class FusedOmni:
                                    first_chunk_frames=first_chunk_frames, chunk_frames=chunk_frames)
         self.vocoder = StreamingCode2Wav(load_code2wav(model_dir)[0])
 
-    def _step(self, runner, slot: int = 0):
+    def _step(self, runner, stage: str, turn: FusedTurn, slot: int = 0):
         plan = runner.plan([slot])
-        return runner.resolve(plan, runner.compute(plan)).get(slot)
+        t0 = time.monotonic()
+        raw = runner.compute(plan)
+        turn.spans.append({"stage": stage, "rids": ["fused"], "t0": t0, "t1": time.monotonic()})
+        return runner.resolve(plan, raw).get(slot)
 
     @torch.no_grad()
     def run_turn(self, audio: np.ndarray, params: dict) -> FusedTurn:
         start = time.perf_counter()
-        turn = FusedTurn(float("nan"), float("nan"))
+        turn = FusedTurn(float("nan"), float("nan"), started=time.monotonic())
         self.thinker.open(0, "fused", params)
         self.talker.open(0, "fused", params)
         vocoder_state: dict = {}
         try:
-            self.thinker.feed(0, "encoder", {"audio_embeds": self.encoder.encode_whole(audio)}, True)
+            t0 = time.monotonic()
+            embeds = self.encoder.encode_whole(audio)
+            turn.spans.append({"stage": "encoder", "rids": ["fused"], "t0": t0, "t1": time.monotonic()})
+            self.thinker.feed(0, "encoder", {"audio_embeds": embeds}, True)
             thinker_done = talker_done = False
             while not talker_done:
                 if self.talker.ready(0):
-                    out = self._step(self.talker)
+                    out = self._step(self.talker, "talker", turn)
                     talker_done = out.done
                     for chunk in out.emits + ([out.final] if out.done and out.final is not None else []):
                         self._vocode(chunk, vocoder_state, turn, start)
                 elif not thinker_done:
-                    out = self._step(self.thinker)
+                    out = self._step(self.thinker, "thinker", turn)
                     for data in out.emits + ([out.final] if out.done else []):
                         turn.tokens += data["token_ids"]
                         self.talker.feed(0, "thinker", data, False)
@@ -76,7 +86,9 @@ class FusedOmni:
         return turn
 
     def _vocode(self, chunk: dict, state: dict, turn: FusedTurn, start: float) -> None:
+        t0 = time.monotonic()
         (produced,) = self.vocoder([WorkItem("fused", "talker", chunk, False)], [state])
+        turn.spans.append({"stage": "code2wav", "rids": ["fused"], "t0": t0, "t1": time.monotonic()})
         for piece in produced:
             if turn.audio_samples == 0:
                 turn.first_audio_s = time.perf_counter() - start

@@ -9,9 +9,11 @@ the row's feedback buffer, which the next step adds to that step's text input.
 Text input (matching ``Qwen3OmniMoeForConditionalGeneration.generate``): the prefill is the user
 turn (thinker hidden states for audio positions, projected embeddings for text positions)
 followed by the assistant header over the codec control ids; the first reply token rides in the
-prefill. Decode step f (f >= 1) adds the reply token f+1 (known once the thinker produced token
-f+2), then tts_eos in place of the thinker's last token, then tts_pad. A row is ready only when
-that input is there: the talker starts after the thinker's first token and keeps two behind it.
+prefill. Decode step f (f >= 1) adds the reply token f+1, then tts_eos in place of the thinker's
+last token, then tts_pad. A row is ready only when that input is there: the talker starts after
+the thinker's first token and needs reply token f+1 for step f, no more (a token that arrives
+without the thinker's end of stream is known not to be the last one, so it need not wait for
+the next token to tell).
 """
 
 from __future__ import annotations
@@ -51,9 +53,12 @@ class _Row:
 class TalkerPlan:
     prefill: list[tuple[int, dict, torch.Tensor, int]]  # (slot, thinker prefix, first reply token, speaker)
     decode: list[tuple[int, int, torch.Tensor]]  # (slot, position, text embedding for this step)
+    rows: dict[int, _Row] = field(default_factory=dict)  # who planned each slot (it may change owner)
 
 
 class TalkerRunner:
+    releases_in_flight = True  # resolve skips rows it did not plan; open leaves tensors to compute
+
     def __init__(self, talker, config, *, memory_bytes: int | None, max_len: int = 2048, max_slots: int = 16,
                  first_chunk_frames: int = 2, chunk_frames: int = 6, speaker: str = "ethan", device: str = "cpu") -> None:
         tcfg = config.talker_config
@@ -86,9 +91,9 @@ class TalkerRunner:
         if speaker not in self.tcfg.speaker_id:
             speaker = self.default_speaker
         max_new = int(params.get("talker_max_new_tokens", DEFAULT_MAX_FRAMES + 1))
+        # The slot's seen/feedback rows are reset by this row's prefill compute, on the worker,
+        # after any step of a previous owner that is still in flight.
         self.rows[slot] = _Row(request_id, max_new, self.tcfg.speaker_id[speaker])
-        self.seen[slot] = False
-        self.feedback[slot] = 0
 
     def feed(self, slot: int, source: str, data: Any, eos: bool) -> None:
         row = self.rows[slot]
@@ -127,12 +132,16 @@ class TalkerRunner:
                 plan.decode.append((slot, row.position, self._text_for_step(row, row.planned_steps)))
                 row.position += 1
             row.planned_steps += 1
+            plan.rows[slot] = row
         return plan
 
     @torch.no_grad()
     def compute(self, plan: TalkerPlan) -> dict:
         hidden, slots = [], []
         if plan.prefill:
+            fresh = torch.tensor([slot for slot, *_ in plan.prefill], device=self.device)
+            self.seen[fresh] = False
+            self.feedback[fresh] = 0
             hidden.append(self._forward_prefill(plan.prefill))
             slots += [slot for slot, *_ in plan.prefill]
         if plan.decode:
@@ -149,7 +158,9 @@ class TalkerRunner:
     def resolve(self, plan: TalkerPlan, raw: dict) -> dict[int, RowOutput]:
         outputs = {}
         for slot, code0, frame in zip(raw["slots"], raw["code0"], raw["frames"]):
-            row = self.rows[slot]
+            row = plan.rows[slot]
+            if self.rows.get(slot) is not row:
+                continue  # aborted while this step computed
             row.resolved_steps += 1
             ended = code0 == self.tcfg.codec_eos_token_id or row.resolved_steps >= row.max_new_tokens
             if not ended:
@@ -169,8 +180,8 @@ class TalkerRunner:
         """Unprojected text input for decode step ``step`` (>= 1), or None while not yet known."""
         tts_bos, tts_eos, tts_pad = row.prefix["tts_embeds"]
         index = step  # reply token ``step`` (0-based) is spoken at step ``step``
-        if index + 1 < len(row.texts):
-            return row.texts[index]
+        if index + 1 < len(row.texts) or (index < len(row.texts) and not row.thinker_done):
+            return row.texts[index]  # not the thinker's last token: a later one came, or its eos did not
         if not row.thinker_done:
             return None
         # The thinker's last token is never spoken: tts_eos takes its place, tts_pad follows.

@@ -60,15 +60,19 @@ class _PrefillRow:
     start: int
     pieces: list[_Piece]
     sample: bool
+    row: _Row  # who planned it: an aborted row's slot may have a new owner when this resolves
 
 
 @dataclass
 class ThinkerPlan:
     prefill: list[_PrefillRow]
     decode: list[tuple[int, int]]  # (slot, position)
+    decode_rows: list[_Row] = field(default_factory=list)
 
 
 class ThinkerRunner:
+    releases_in_flight = True  # resolve skips rows it did not plan; open touches no tensor
+
     def __init__(self, lm, config, tokens: SpecialTokens, *, memory_bytes: int | None, max_len: int = 1024,
                  max_slots: int = 16, system_ids: list[int] | None = None, detokenize=None, device: str = "cpu") -> None:
         text = config.thinker_config.text_config
@@ -131,13 +135,14 @@ class ThinkerRunner:
             row = self.rows[slot]
             if row.pending:
                 sample = row.input_ended
-                plan.prefill.append(_PrefillRow(slot, row.position, row.pending, sample))
+                plan.prefill.append(_PrefillRow(slot, row.position, row.pending, sample, row))
                 row.position += sum(p.length for p in row.pending)
                 row.pending = []
                 if sample:
                     row.sampled_first, row.planned_tokens = True, 1
             else:
                 plan.decode.append((slot, row.position))
+                plan.decode_rows.append(row)
                 row.position += 1
                 row.planned_tokens += 1
         return plan
@@ -154,11 +159,14 @@ class ThinkerRunner:
     def resolve(self, plan: ThinkerPlan, raw: dict) -> dict[int, RowOutput]:
         outputs: dict[int, RowOutput] = {}
         for prow, (embeds, hidden, token) in zip(plan.prefill, raw.get("prefill", [])):
-            row = self.rows[prow.slot]
+            row = prow.row
+            if self.rows.get(prow.slot) is not row:
+                continue  # aborted while this step computed
             self._keep_talker_parts(row, prow.pieces, embeds, hidden)
             outputs[prow.slot] = self._token_output(row, token, first=True) if token is not None else RowOutput()
-        for (slot, _), token in zip(plan.decode, raw.get("decode", [])):
-            outputs[slot] = self._token_output(self.rows[slot], token, first=False)
+        for (slot, _), row, token in zip(plan.decode, plan.decode_rows, raw.get("decode", [])):
+            if self.rows.get(slot) is row:
+                outputs[slot] = self._token_output(row, token, first=False)
         return outputs
 
     def close(self, slot: int) -> None:

@@ -3,18 +3,25 @@
 The scheduler knows requests, slots and steps; the model runner (``StepRunner``) knows tensors.
 Each loop iteration:
 
-1. take inbox entries: inputs are fed to the runner (or queued while the request waits for a
-   slot), aborts mark the request;
-2. admit waiting requests while slots are free (capacity = min(max_running_requests, the
+1. admit waiting requests while slots are free (capacity = min(max_running_requests, the
    runner's slots, which it sized from the stage's memory budget));
-3. plan step N over every live row the runner says is ready, and start its compute;
-4. resolve step N-1 (computed while step N was being planned) and emit its outputs;
-5. free the slots of requests that finished or were aborted, once no step in flight uses them.
+2. plan step N over every live row the runner says is ready and start its compute, if fewer
+   than two steps are in flight (one without lookahead);
+3. resolve, in order, the steps whose compute is done, and emit their outputs;
+4. free the slots of requests that finished or were aborted, once allowed (below);
+5. take inbox entries: inputs are fed to the runner (or queued while the request waits for a
+   slot), aborts retire the request. The loop blocks only when it can do nothing else, and a
+   finished compute wakes it like an inbox entry does, so an abort is handled at once, never
+   after the step in flight.
 
 Lookahead guard: a row that finished or was aborted is never planned again; a step already in
-flight that contains it still runs, its outputs for that row are dropped, and the slot is
-released only after that step resolves, so the runner never reads a freed slot and each slot is
-released exactly once (``SlotPool`` raises otherwise).
+flight that contains it still runs and its outputs for that row are dropped (they are matched to
+rows by request id, not slot). A finished row's slot is released after the last step in flight
+that holds it resolves. An aborted row's slot is released at once when the runner declares
+``releases_in_flight``: its ``resolve`` skips rows it did not plan, its ``open`` leaves tensor
+state to the next compute (the single worker runs steps in order, so a new owner's first step
+runs after the old owner's step in flight), and stale K/V past a new owner's positions is never
+attended to. Either way each slot is released exactly once (``SlotPool`` raises otherwise).
 
 With ``lookahead`` the compute runs on one worker thread, so step N computes while step N-1's
 outputs are shipped (torch releases the GIL); without it each step resolves before the next.
@@ -23,17 +30,26 @@ outputs are shipped (torch releases the GIL); without it each step resolves befo
 from __future__ import annotations
 
 import queue
+import sys
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from duplex.config.pipeline import ARSchedulerConfig, FeedbackARSchedulerConfig, StageConfig
+from duplex.config.pipeline import (
+    ARSchedulerConfig,
+    FeedbackARSchedulerConfig,
+    StageConfig,
+)
 from duplex.runtime.scheduler import AbortCommand, Emit, Scheduler, WorkItem
 from duplex.runtime.schedulers.kv_slots import SlotPool
+from duplex.runtime.steptrace import StepTrace
 
 _FORGOTTEN_KEEP = 4096  # finished request ids remembered so late inputs are dropped, not revived
+GIL_SWITCH_S = 0.0005
+_STEP_DONE = object()  # put on the inbox when a step's compute finishes: wakes the loop
 
 
 @dataclass
@@ -70,6 +86,9 @@ class StepRunner(Protocol):
     def close(self, slot: int) -> None:
         """Drop every bit of the slot's state; the slot may be reused next."""
 
+    # Optional: ``releases_in_flight = True`` lets an aborted row's slot go back at once, while a
+    # step that holds it is still computing (see the module docstring for what that requires).
+
     def held(self) -> dict[str, int]:
         """Extra resources the runner holds (e.g. ``feedback_rows``), for stats."""
 
@@ -83,9 +102,13 @@ class _Row:
 
 @dataclass
 class _Step:
-    slots: list[int]
+    owners: dict[int, str]  # slot -> request id when planned
     plan: Any
-    result: Future | Any
+    result: Future
+
+    @property
+    def slots(self) -> list[int]:
+        return list(self.owners)
 
 
 class ARScheduler(Scheduler):
@@ -105,6 +128,7 @@ class ARScheduler(Scheduler):
         self._outstanding: list[_Step] = []  # launched, not yet resolved (at most two)
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"step-{stage.name}") if self._cfg.lookahead else None
+        self._trace = StepTrace(stage.name)
 
     # -- stats (any thread) -------------------------------------------------------------------
     def live_requests(self) -> set[str]:
@@ -120,6 +144,15 @@ class ARScheduler(Scheduler):
             held.update(self.runner.held())
             return held
 
+    def start(self) -> None:
+        if self._executor is not None:
+            # Compute (worker) and shipping (this loop, the stage's I/O thread) share the GIL.
+            # Tiny CPU models run mostly Python between torch ops, so at the default 5 ms switch
+            # interval a step in flight delays the previous step's outputs by up to 5 ms per
+            # hand-off; 0.5 ms bounds that at a negligible switching cost.
+            sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
+        super().start()
+
     def stop(self) -> None:
         super().stop()
         if self._executor is not None:
@@ -127,20 +160,21 @@ class ARScheduler(Scheduler):
 
     # -- loop ---------------------------------------------------------------------------------
     def run(self) -> None:
+        depth = 2 if self._executor is not None else 1
         while not self._stopping.is_set():
             self._admit()
-            idle = not self._outstanding and not self._ready_rows()
-            if not self._intake(block=idle):
-                return
-            self._admit()
-            step = self._launch(self._ready_rows())
-            if step is not None:
-                self._outstanding.append(step)
-            # Lookahead: keep the step just launched in flight while the one before it resolves.
-            keep = 1 if step is not None and self._executor is not None else 0
-            while len(self._outstanding) > keep:
+            if len(self._outstanding) < depth:
+                step = self._launch(self._ready_rows())
+                if step is not None:
+                    self._outstanding.append(step)
+            while self._outstanding and self._outstanding[0].result.done():
                 self._finish(self._outstanding.pop(0))
             self._release_closing()
+            self._admit()  # slots released just now may take waiting requests
+            stuck = not (self._outstanding and self._outstanding[0].result.done()) and not (
+                len(self._outstanding) < depth and self._ready_rows())
+            if not self._intake(block=stuck):
+                return
 
     def _intake(self, block: bool) -> bool:
         while True:
@@ -154,7 +188,7 @@ class ARScheduler(Scheduler):
                 return False
             if isinstance(entry, AbortCommand):
                 self._abort(entry.request_id)
-            else:
+            elif entry is not _STEP_DONE:
                 self._accept(entry)
             block = False
 
@@ -193,19 +227,28 @@ class ARScheduler(Scheduler):
     def _launch(self, slots: list[int]) -> _Step | None:
         if not slots:
             return None
+        owners = {row.slot: row.request_id for row in self._rows.values() if row.slot in slots}
         try:
             plan = self.runner.plan(slots)
         except Exception as exc:  # a planning bug fails these rows, never the stage
-            self._fail_rows(slots, f"planning failed: {exc!r}")
+            self._fail_rows(owners, f"planning failed: {exc!r}")
             return None
         if self._executor is None:
-            return _Step(slots, plan, self._compute_now(plan))
-        return _Step(slots, plan, self._executor.submit(self.runner.compute, plan))
+            return _Step(owners, plan, self._compute_now(plan, list(owners.values())))
+        future = self._executor.submit(self._compute, plan, list(owners.values()))
+        future.add_done_callback(lambda _: self.inbox.put(_STEP_DONE))
+        return _Step(owners, plan, future)
 
-    def _compute_now(self, plan: Any) -> Future:
+    def _compute(self, plan: Any, rids: list[str]) -> Any:
+        t0 = time.monotonic()
+        raw = self.runner.compute(plan)
+        self._trace.record(rids, t0, time.monotonic())
+        return raw
+
+    def _compute_now(self, plan: Any, rids: list[str]) -> Future:
         future: Future = Future()
         try:
-            future.set_result(self.runner.compute(plan))
+            future.set_result(self._compute(plan, rids))
         except Exception as exc:  # reported per row in _finish
             future.set_exception(exc)
         return future
@@ -214,12 +257,11 @@ class ARScheduler(Scheduler):
         try:
             outputs = self.runner.resolve(step.plan, step.result.result())
         except Exception as exc:  # one failed step fails its rows, never the stage
-            self._fail_rows(step.slots, f"step failed: {exc!r}")
+            self._fail_rows(step.owners, f"step failed: {exc!r}")
             return
-        by_slot = {row.slot: row for row in self._rows.values()}
         for slot, out in outputs.items():
-            row = by_slot.get(slot)
-            if row is None or row.done:
+            row = self._rows.get(step.owners.get(slot, ""))
+            if row is None or row.done or row.slot != slot:
                 continue  # lookahead guard: finished or aborted while this step was in flight
             for data in out.emits:
                 self.outbox.put(Emit(row.request_id, data))
@@ -228,10 +270,11 @@ class ARScheduler(Scheduler):
             elif out.done:
                 self._end(row, Emit(row.request_id, out.final, eos=True))
 
-    def _fail_rows(self, slots: list[int], reason: str) -> None:
-        wanted = set(slots)
-        for row in [r for r in self._rows.values() if r.slot in wanted and not r.done]:
-            self._end(row, Emit(row.request_id, error=f"{self.name}: {reason}"))
+    def _fail_rows(self, owners: dict[int, str], reason: str) -> None:
+        for rid in owners.values():
+            row = self._rows.get(rid)
+            if row is not None and not row.done:
+                self._end(row, Emit(row.request_id, error=f"{self.name}: {reason}"))
 
     def _end(self, row: _Row, emit: Emit) -> None:
         self.outbox.put(emit)
@@ -242,23 +285,24 @@ class ARScheduler(Scheduler):
             self._waiting.pop(request_id, None)
         row = self._rows.get(request_id)
         if row is not None and not row.done:
-            self._retire(row)
+            self._retire(row, at_once=getattr(self.runner, "releases_in_flight", False))
         self._remember(request_id)
         self._run_abort_callbacks(request_id)
 
-    def _retire(self, row: _Row) -> None:
-        """No more steps for this row; its slot goes back once no step in flight holds it."""
+    def _retire(self, row: _Row, at_once: bool = False) -> None:
+        """No more steps for this row; its slot goes back once no step in flight holds it, or
+        now (``at_once``) if the runner tolerates that."""
         row.done = True
         self._remember(row.request_id)
         with self._lock:
             del self._rows[row.request_id]
             self._closing[row.slot] = row.request_id
-        self._release_closing()
+        self._release_closing(at_once={row.slot} if at_once else set())
 
-    def _release_closing(self) -> None:
-        busy = {slot for step in self._outstanding for slot in step.slots}
+    def _release_closing(self, at_once: set[int] = frozenset()) -> None:
+        busy = {owner for step in self._outstanding for owner in step.owners.items()}
         for slot, rid in list(self._closing.items()):
-            if slot in busy:
+            if (slot, rid) in busy and slot not in at_once:
                 continue
             self.runner.close(slot)
             with self._lock:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Hashable, Protocol
 
 from duplex.config.pipeline import SimpleSchedulerConfig, StageConfig
 from duplex.runtime.scheduler import AbortCommand, Emit, Scheduler, WorkItem
+from duplex.runtime.steptrace import StepTrace
 
 
 class BatchComputation(Protocol):
@@ -33,6 +34,7 @@ class SimpleScheduler(Scheduler):
         self._states: dict[str, dict] = {}
         self._aborted_in_batch: set[str] = set()
         self._lock = threading.Lock()  # guards _waiting/_states for stats readers
+        self._trace = StepTrace(stage.name)
 
     # -- stats (any thread) -------------------------------------------------------------------
     def live_requests(self) -> set[str]:
@@ -42,6 +44,12 @@ class SimpleScheduler(Scheduler):
     def resources(self) -> dict[str, int]:
         with self._lock:
             return {"queued_items": len(self._waiting), "request_states": len(self._states)}
+
+    def abort(self, request_id: str) -> None:
+        """Forget the request now, from the caller's thread, not after the batch in flight (whose
+        outputs for it the shell drops). The loop still runs the abort callbacks."""
+        self._drop(request_id)
+        super().abort(request_id)
 
     # -- loop ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -111,9 +119,16 @@ class SimpleScheduler(Scheduler):
     def _process(self, batch: list[WorkItem]) -> None:
         if not batch:
             return
-        states = [self._states[item.request_id] for item in batch]
+        with self._lock:  # a request aborted since _next_batch has no state left: skip it
+            batch = [item for item in batch if item.request_id in self._states]
+            states = [self._states[item.request_id] for item in batch]
+        if not batch:
+            return
+        t0 = time.monotonic()
         try:
             outputs = self._fn(batch, states)
+            self._trace.record([item.request_id for item in batch], t0, time.monotonic(),
+                               eos=[item.eos for item in batch])
             if len(outputs) != len(batch):
                 raise RuntimeError(f"returned {len(outputs)} outputs for {len(batch)} items")
         except Exception as exc:
@@ -125,8 +140,8 @@ class SimpleScheduler(Scheduler):
             self._emit(item, list(produced))
 
     def _emit(self, item: WorkItem, produced: list[Any]) -> None:
-        if item.request_id not in self._states:
-            return  # aborted while its step ran: its outputs must not leave the stage
+        # A request aborted while its batch ran still has its outputs put here: the shell
+        # tombstoned it before calling abort(), so it drops (and counts) them.
         if not item.eos:
             for data in produced:
                 self.outbox.put(Emit(item.request_id, data))
@@ -139,7 +154,10 @@ class SimpleScheduler(Scheduler):
             self._states.pop(item.request_id, None)
 
     def _forget(self, request_id: str) -> None:
+        self._drop(request_id)
+        self._run_abort_callbacks(request_id)
+
+    def _drop(self, request_id: str) -> None:
         with self._lock:
             self._waiting = deque(i for i in self._waiting if i.request_id != request_id)
             self._states.pop(request_id, None)
-        self._run_abort_callbacks(request_id)
