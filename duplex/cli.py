@@ -34,7 +34,7 @@ def _add_check_config(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from duplex.bench import pipeline, relay, turn
+    from duplex.bench import load, pipeline, relay, turn
     from duplex.edge import bench_barge_in
 
     parser = sub.add_parser("bench", help="benchmarks that print tables (and --json results)")
@@ -43,6 +43,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench_barge_in.add_parser(bench)
     pipeline.add_parser(bench)
     turn.add_parser(bench)
+    load.add_parser(bench)
 
 
 def _add_model(sub: argparse._SubParsersAction) -> None:

@@ -90,6 +90,7 @@ class Heard:
     at: float  # monotonic arrival time
     rms: float
     pcm: np.ndarray  # float32 mono 48 kHz
+    pts: int | None = None  # the frame's place in the stream (48 kHz samples): gaps are lost frames
 
 
 class RealtimeClient:
@@ -179,7 +180,7 @@ class RealtimeClient:
                 return
             pcm = frame.to_ndarray().reshape(-1, len(frame.layout.channels)).mean(axis=1) / 32768.0
             pcm = pcm.astype(np.float32)
-            self.heard.append(Heard(time.monotonic(), float(np.sqrt(np.mean(pcm**2))), pcm))
+            self.heard.append(Heard(time.monotonic(), float(np.sqrt(np.mean(pcm**2))), pcm, frame.pts))
             self.mic.hear(pcm)
 
     def _on_message(self, message: str | bytes) -> None:
