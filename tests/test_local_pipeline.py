@@ -115,3 +115,14 @@ async def test_audio_that_is_not_audio_fails_its_request_only(pipeline):
 
 def c_final(outputs: list[OutputChunk], stage: str) -> OutputChunk:
     return next(c for c in outputs if c.stage == stage and c.final)
+
+
+async def test_a_session_end_request_is_answered_with_nothing_and_holds_nothing(pipeline):
+    """What a session sends at hang-up (the thinker frees the session: test_local_history.py)."""
+    handle = pipeline.submit(params={"session_id": "ending", "session_end": True}, eos=True)
+    outputs, finished = await _events(handle, timeout=60)
+    assert finished.status.value == "completed", finished.error
+    assert [c.data.get("user_text") for c in outputs if c.stage == "asr"] == [""]
+    assert c_final(outputs, "thinker").data["reply"] == ""
+    assert not any(c.stage == "tts" and c.data and c.data.get("audio") is not None for c in outputs)
+    await _assert_nothing_held(pipeline)

@@ -10,6 +10,9 @@ then ends the turn. Times are taken where the coordinator receives each output:
 The edge (codec, RTP/WebRTC pacing, network) is not in this loop; its share is measured by the
 edge's own benchmarks. Turns run one after another, each in a fresh session (a first turn: no
 history to prefill) unless ``--same-session``.
+
+``--session`` measures through the session instead (its VAD ends the turn; preemptive
+generation off and on side by side): see ``turn_session.py``.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--hangover-ms", type=int, default=500, help="silence after speech before the turn ends")
     parser.add_argument("--chunk-ms", type=int, default=20, help="audio chunk fed per message")
     parser.add_argument("--same-session", action="store_true", help="all turns in one conversation")
+    parser.add_argument("--session", action="store_true",
+                        help="measure through the session (VAD, turn end, preemptive generation off vs on)")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", dest="plot_path", help="write a PNG of the per-turn split here")
     parser.set_defaults(func=run, takes_overrides=True)
@@ -216,6 +221,13 @@ def plot(results: dict, path: str) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.session:
+        from duplex.bench import turn_session
+
+        results = asyncio.run(turn_session.measure(args, overrides))
+        print(turn_session.render(results))
+        write_json(args.json_path, results)
+        return 0 if all(s["turns_with_audio"] == s["turns"] for s in results["summary"].values()) else 1
     results = asyncio.run(measure(args, overrides))
     print(render(results))
     write_json(args.json_path, results)

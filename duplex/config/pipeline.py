@@ -131,6 +131,9 @@ class PipelineConfig(_Strict):
     control: ControlConfig = Field(default_factory=ControlConfig)
     relay: RelayConfig = Field(default_factory=RelayConfig)
     supervision: SupervisionConfig = Field(default_factory=SupervisionConfig)
+    # Default settings of the sessions served on this pipeline (duplex.session.config.SessionConfig
+    # fields, checked by `duplex serve`): e.g. preemptive_generation, end_of_session_request.
+    session: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("devices", mode="before")
     @classmethod

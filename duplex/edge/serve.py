@@ -12,6 +12,7 @@ import sys
 from typing import Iterator
 
 import uvicorn
+from pydantic import ValidationError
 
 from duplex.config import ConfigError, load_pipeline
 from duplex.edge.app import create_app
@@ -59,12 +60,20 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         edge = EdgeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           ice_servers=args.ice_server, ice_loopback=args.ice_loopback,
                           low_latency_receive=not args.aiortc_jitter_buffer)
-        sessions_config = SessionConfig(instructions=args.instructions)
+        sessions_config = session_defaults(pipeline.session, args.instructions)
         phone = phone_edges.config_from_args(args)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(serve(pipeline, edge, sessions_config, args.log_level, phone))
+
+
+def session_defaults(settings: dict, instructions: str) -> SessionConfig:
+    """The pipeline config's ``session`` block (checked here) with the command line's instructions."""
+    try:
+        return SessionConfig.model_validate({**settings, **({"instructions": instructions} if instructions else {})})
+    except ValidationError as exc:
+        raise ValueError(f"session settings of the pipeline config: {exc}") from None
 
 
 async def serve(pipeline, edge: EdgeConfig, session_config: SessionConfig, log_level: str = "warning",

@@ -42,8 +42,37 @@ class EchoConfig(_Strict):
     reference_floor_dbfs: float = -55.0  # output quieter than this cannot echo audibly
 
 
+class PreemptConfig(_Strict):
+    """Preemptive generation: when the caller pauses for ``pause_ms`` (less than the end-of-turn
+    silence), the turn's input is closed so the pipeline starts answering while the session
+    waits out the rest of the silence; the answer's audio is held back until the turn really
+    ends. If the caller speaks again first, that response is aborted and the whole turn goes
+    into a fresh one."""
+
+    enabled: bool = False
+    pause_ms: int = Field(200, ge=20)
+
+
 class SessionConfig(_Strict):
     vad: VadConfig = Field(default_factory=VadConfig)
     echo: EchoConfig = Field(default_factory=EchoConfig)
+    preemptive_generation: PreemptConfig = Field(default_factory=PreemptConfig)
     max_turn_s: float = Field(30.0, gt=0)  # a turn longer than this is committed anyway
     instructions: str = ""
+    # Send the pipeline a ``{"session_end": true}`` request at hang-up so stages that keep
+    # per-session state (the local thinker's history and conversation KV) free it. Only for
+    # pipelines whose stages know that request: others would answer it like a turn.
+    end_of_session_request: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "SessionConfig":
+        preempt = self.preemptive_generation
+        if preempt.enabled and preempt.pause_ms >= self.vad.silence_ms:
+            raise ValueError(f"preemptive_generation.pause_ms ({preempt.pause_ms}) must be shorter than "
+                             f"vad.silence_ms ({self.vad.silence_ms}), the silence that ends a turn")
+        return self
+
+    @property
+    def pause_ms(self) -> int | None:
+        """The pause that starts a speculative response, or None when preemption is off."""
+        return self.preemptive_generation.pause_ms if self.preemptive_generation.enabled else None

@@ -129,6 +129,32 @@ class TurnMetrics(ServerEvent, **_server("duplex.metrics")):
     barge_in_ms: float | None = None
 
 
+class PreemptiveStarted(ServerEvent, **_server("duplex.preemptive.started")):
+    """The caller paused: a response to the turn so far is being made, its audio held back."""
+
+    item_id: str  # the user item it answers
+    request_id: str
+    audio_end_ms: int  # the caller's audio it answers ends here (stream time)
+
+
+class PreemptiveCancelled(ServerEvent, **_server("duplex.preemptive.cancelled")):
+    """The caller went on speaking: the speculative response was aborted, unheard."""
+
+    item_id: str
+    request_id: str
+    audio_start_ms: int  # where the caller's speech resumed
+    reason: str
+
+
+class PreemptiveCommitted(ServerEvent, **_server("duplex.preemptive.committed")):
+    """The turn ended as the speculation assumed: the response (``response_id``) plays now."""
+
+    item_id: str
+    request_id: str
+    response_id: str
+    audio_ready_ms: int  # agent audio already made when the turn ended
+
+
 _encoder = msgspec.json.Encoder()
 
 
@@ -154,8 +180,16 @@ class AudioSettings(msgspec.Struct, kw_only=True):
     input: AudioInput | None = None
 
 
+class PreemptiveSettings(msgspec.Struct, kw_only=True):
+    """Ours (no Realtime counterpart): see SessionConfig.preemptive_generation."""
+
+    enabled: bool | None = None
+    pause_ms: int | None = None
+
+
 class SessionSettings(msgspec.Struct, kw_only=True):
     instructions: str | None = None
+    preemptive_generation: PreemptiveSettings | None = None
     turn_detection: TurnDetection | None = None  # beta shape
     audio: AudioSettings | None = None  # GA shape: audio.input.turn_detection
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from duplex.session import events as ev
 from duplex.session.config import SessionConfig
 from duplex.session.session import State, VoiceSession
@@ -15,6 +17,7 @@ def describe_session(session: VoiceSession, model: str) -> dict:
                       "prefix_padding_ms": vad.prefix_padding_ms, "silence_duration_ms": vad.silence_ms}
     return {"id": session.session_id, "object": "realtime.session", "type": "realtime", "model": model,
             "instructions": session.config.instructions, "output_modalities": ["audio"],
+            "preemptive_generation": session.config.preemptive_generation.model_dump(),
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": turn_detection},
                       "output": {"format": {"type": "audio/pcm", "rate": session.playout.format.sample_rate}}}}
 
@@ -24,6 +27,10 @@ def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> Sessi
     data = config.model_dump()
     if settings.instructions is not None:
         data["instructions"] = settings.instructions
+    if settings.preemptive_generation is not None:
+        preempt = settings.preemptive_generation
+        data["preemptive_generation"].update({k: v for k, v in (("enabled", preempt.enabled),
+                                                                 ("pause_ms", preempt.pause_ms)) if v is not None})
     detection = settings.turn_detection
     if settings.audio is not None and settings.audio.input is not None and settings.audio.input.turn_detection:
         detection = settings.audio.input.turn_detection
@@ -38,7 +45,14 @@ def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> Sessi
             data["vad"]["prefix_padding_ms"] = detection.prefix_padding_ms
         if detection.silence_duration_ms is not None:
             data["vad"]["silence_ms"] = detection.silence_duration_ms
-    return SessionConfig.model_validate(data)
+    try:
+        return SessionConfig.model_validate(data)
+    except ValidationError as exc:  # a ValueError already; this keeps the message short
+        raise ValueError("; ".join(_where(e) + e["msg"] for e in exc.errors())) from None
+
+
+def _where(error: dict) -> str:
+    return ".".join(map(str, error["loc"])) + ": " if error["loc"] else ""
 
 
 def handle_client_message(session: VoiceSession, raw: str | bytes, model: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from duplex.session.runtime_port import Turn
+from duplex.session.runtime_port import Turn, TurnEnded, TurnOutput
 
 
 class Response:
@@ -20,6 +20,10 @@ class Response:
         self.cancelled = False  # we stopped it; later outputs are dropped
         self.over = False  # nothing more will be played for it
         self.played_ms = 0
+        self.audio_received_ms = 0.0  # agent audio the runtime delivered (played or not)
+        # Speculative (preemptive) response: its outputs wait here until the turn really ends.
+        self.speculative = False
+        self.held: list[TurnOutput | TurnEnded] = []
         self.speech_end: float | None = None
         self.ttfa_ms: float | None = None
 

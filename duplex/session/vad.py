@@ -3,7 +3,9 @@
 ``FrameClassifier`` says whether one frame is voiced (webrtcvad, gated by level against an
 adaptive noise floor). ``TurnDetector`` turns the voiced/unvoiced stream into speech start and
 stop events: start after ``min_speech_ms`` of voiced audio within ``start_window_ms``, stop after
-``silence_ms`` of unvoiced audio. Both work on stream time (ms of audio pushed), never wall time.
+``silence_ms`` of unvoiced audio. Given a ``pause_ms`` shorter than that, it also says when the
+speaker pauses (that much silence, the turn not yet over) and when they resume after a pause:
+the cues of preemptive generation. Both work on stream time (ms of audio pushed), never wall time.
 """
 
 from __future__ import annotations
@@ -71,21 +73,39 @@ class SpeechStopped:
     end_ms: int  # stream time just after the last voiced frame
 
 
+@dataclass(frozen=True)
+class SpeechPaused:
+    end_ms: int  # stream time just after the last voiced frame; the turn may still go on
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    at_ms: int  # stream time of the voiced frame that ended the pause
+
+
+TurnEvent = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
+
+
 class TurnDetector:
-    def __init__(self, config: VadConfig) -> None:
+    def __init__(self, config: VadConfig, pause_ms: int | None = None) -> None:
         self.config = config
+        self.pause_ms = pause_ms  # None: no pause events
         self.speaking = False
+        self.paused = False  # a SpeechPaused was reported and no voiced frame came since
         self._window: deque[tuple[int, bool]] = deque(maxlen=max(1, config.start_window_ms // config.frame_ms))
         self._unvoiced_ms = 0
         self._last_voiced_end_ms = 0
 
-    def push(self, frame_start_ms: int, voiced: bool) -> SpeechStarted | SpeechStopped | None:
+    def push(self, frame_start_ms: int, voiced: bool) -> TurnEvent | None:
         """One frame's verdict; returns the event this frame completes, if any."""
         frame_ms = self.config.frame_ms
         self._window.append((frame_start_ms, voiced))
         if voiced:
             self._unvoiced_ms = 0
             self._last_voiced_end_ms = frame_start_ms + frame_ms
+            if self.paused:
+                self.paused = False
+                return SpeechResumed(at_ms=frame_start_ms)
         else:
             self._unvoiced_ms += frame_ms
         if not self.speaking:
@@ -96,12 +116,15 @@ class TurnDetector:
                 return SpeechStarted(onset_ms=onset)
             return None
         if self._unvoiced_ms >= self.config.silence_ms:
-            self.speaking = False
+            self.speaking = self.paused = False
             self._window.clear()
             return SpeechStopped(end_ms=self._last_voiced_end_ms)
+        if self.pause_ms is not None and not self.paused and self._unvoiced_ms >= self.pause_ms:
+            self.paused = True
+            return SpeechPaused(end_ms=self._last_voiced_end_ms)
         return None
 
     def reset(self) -> None:
-        self.speaking = False
+        self.speaking = self.paused = False
         self._window.clear()
         self._unvoiced_ms = 0

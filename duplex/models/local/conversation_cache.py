@@ -52,6 +52,17 @@ class ConversationCache:
         while len(self._entries) > self.max_sessions:
             self._entries.popitem(last=False)
 
+    def trim(self, session_id: str, tokens: list[int]) -> None:
+        """Keep only the entry's positions that ``tokens`` (what the history now says) starts with;
+        the K/V of anything the history no longer holds is freed."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            return
+        keep = entry.reusable(tokens)
+        if keep < len(entry.tokens):
+            kv = [(k[:, :keep].clone(), v[:, :keep].clone()) for k, v in entry.kv]
+            self._entries[session_id] = CachedConversation(entry.tokens[:keep], kv)
+
     def forget(self, session_id: str) -> None:
         self._entries.pop(session_id, None)
 

@@ -8,9 +8,10 @@ teach (every turn is one line).
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 USER_LABEL = "Customer"
 AGENT_LABEL = "Mia"
@@ -67,12 +68,65 @@ def clean_line(text: str) -> str:
 
 @dataclass
 class SessionHistory:
-    """Finished (user, agent) turns of one conversation, oldest first."""
+    """Finished (user, agent) turns of one conversation, oldest first, each with the id of the
+    request that made it, so a later request can say what became of it (heard in part, or
+    superseded). ``interrupted`` is the last aborted turn, kept aside until such word comes:
+    without it, nobody knows what of it the caller heard."""
 
     turns: list[tuple[str, str]] = field(default_factory=list)
+    request_ids: list[str | None] = field(default_factory=list)
+    interrupted: tuple[str, str, str] | None = None  # (request id, user line, reply as far as written)
+    truncated: set[str] = field(default_factory=set)  # request ids already cut to their heard part
 
-    def add(self, user: str, agent: str) -> None:
+    def add(self, user: str, agent: str, request_id: str | None = None) -> None:
         self.turns.append((clean_line(user), clean_line(agent)))
+        self.request_ids.append(request_id)
+
+    def drop(self, request_id: str) -> bool:
+        """Forget a turn whose user line a later request repeats (a superseded speculation)."""
+        if self.interrupted is not None and self.interrupted[0] == request_id:
+            self.interrupted = None
+            return True
+        if request_id not in self.request_ids:
+            return False
+        index = self.request_ids.index(request_id)
+        del self.turns[index], self.request_ids[index]
+        return True
+
+    def truncate(self, request_id: str, heard: Callable[[str], str]) -> bool:
+        """Keep only ``heard(reply)`` of that turn's reply (an interrupted turn joins the history)."""
+        if request_id in self.truncated:
+            return False  # every request of a turn repeats the edit: apply it once
+        if self.interrupted is not None and self.interrupted[0] == request_id:
+            _, user, reply = self.interrupted
+            self.interrupted = None
+            self.add(user, heard(reply), request_id)
+        elif request_id in self.request_ids:
+            index = self.request_ids.index(request_id)
+            user, reply = self.turns[index]
+            self.turns[index] = (user, clean_line(heard(reply)))
+        else:
+            return False
+        self.truncated.add(request_id)
+        return True
+
+
+def heard_part(reply: str, audio_end_ms: int, audio_ms: int | None, chars_per_s: float) -> str:
+    """The words of ``reply`` a caller heard when its audio was cut at ``audio_end_ms``.
+
+    There is no alignment of text to audio, so the heard share of the text is taken to be the
+    heard share of the audio: ``audio_ms`` (all of the reply's audio) when the caller knows it,
+    else the reply's length at a nominal ``chars_per_s``. A word counts as heard when all of it
+    lies within that share. A cut reply ends in "..." (the model sees it was interrupted)."""
+    if not reply:
+        return "..."
+    total_ms = audio_ms if audio_ms else 1000 * len(reply) / chars_per_s
+    share = max(0.0, min(1.0, audio_end_ms / total_ms))
+    if share >= 1.0:
+        return reply
+    budget = share * len(reply)
+    words = [m.group() for m in re.finditer(r"\S+", reply) if m.end() <= budget]
+    return " ".join(words) + "..."
 
 
 class HistoryStore:
@@ -91,6 +145,9 @@ class HistoryStore:
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+
+    def has(self, session_id: str) -> bool:
+        return session_id in self._sessions
 
     def __len__(self) -> int:
         return len(self._sessions)

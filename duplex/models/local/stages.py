@@ -13,7 +13,7 @@ use, which takes 1-2 minutes: ``duplex model prepare-local`` does it ahead of ti
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duplex.config.pipeline import StageConfig
 from duplex.models.local import assets
@@ -21,6 +21,9 @@ from duplex.models.local.asr import StreamingASR, StreamingPolicy, WhisperTransc
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT, Persona
 from duplex.models.local.tts import PhraseSplitter, PiperSynth
 from duplex.runtime.scheduler import WorkItem
+
+if TYPE_CHECKING:
+    from duplex.models.local.thinker import GemmaThinker
 
 # torch and the Gemma modules load inside build_thinker: the registry imports this module in
 # every process that reads it (the CLI, the coordinator), and only the thinker needs them.

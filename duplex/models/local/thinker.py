@@ -6,7 +6,17 @@ slot), the session's history within ``history_budget`` tokens, and the new user 
 ends at the first line break (the few-shot examples teach one line per turn), an end token, or
 ``max_new_tokens``. Output: ``{"text": delta}`` chunks as tokens resolve; the eos emit carries
 the whole reply as ``{"text": "", "reply": ...}``. Finished turns join the session's history;
-an aborted turn does not (the caller heard an unknown part of it).
+an aborted turn is set aside (the caller heard an unknown part of it) until a later request of
+the session says what was heard.
+
+History edits ride on a request's params (the session sets them):
+  ``truncate: {request_id, audio_end_ms, audio_ms}``: that turn's reply was heard up to
+      ``audio_end_ms``; the history keeps only that part (``prompt.heard_part``), an aborted turn
+      joins the history so cut, and cached K/V past the cut is freed;
+  ``supersedes: [request_id, ...]``: speculative turns whose user line this request repeats in
+      full: they leave the history;
+  ``session_end: true``: the session hung up; its history and cached K/V are freed (the request
+      itself carries no user text and finishes without compute).
 
 Threads: ``open/feed/ready/plan/resolve/close`` run on the scheduler thread, ``compute`` on its
 worker. ``plan`` fixes each row's positions without reading earlier results (lookahead), and
@@ -17,6 +27,7 @@ worker. ``plan`` fixes each row's positions without reading earlier results (loo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,7 +35,7 @@ import torch
 from duplex.models.local.conversation_cache import CachedConversation, ConversationCache
 from duplex.models.local.gemma import GemmaModel
 from duplex.models.local.kv_slots import KVPrefix
-from duplex.models.local.prompt import HistoryStore, Persona, select_recent
+from duplex.models.local.prompt import HistoryStore, Persona, heard_part, select_recent
 from duplex.runtime.schedulers.ar import RowOutput
 
 
@@ -35,6 +46,7 @@ class ThinkerSettings:
     temperature: float = 0.0  # 0: greedy
     top_k: int = 40
     cached_sessions: int = 8  # conversations whose KV is kept between turns
+    speech_chars_per_s: float = 15.0  # the TTS voice's speaking rate (Piper joe, measured ~15)
 
 
 @dataclass
@@ -85,9 +97,38 @@ class GemmaThinker:
     def open(self, slot: int, request_id: str, params: dict) -> None:
         session_id = str(params.get("session_id", request_id))
         self._rows[slot] = _Row(request_id, session_id, dict(params))
+        if params.get("session_end"):
+            self.forget_session(session_id)
+        else:
+            self.edit_history(session_id, params)
+
+    def forget_session(self, session_id: str) -> None:
+        self.histories.forget(session_id)
+        self.conversations.forget(session_id)
+
+    def edit_history(self, session_id: str, params: dict) -> None:
+        """Apply a request's ``truncate`` / ``supersedes`` to its session's history."""
+        if not self.histories.has(session_id):
+            return
+        history = self.histories.get(session_id)
+        changed = False
+        for superseded in params.get("supersedes") or []:
+            changed |= history.drop(str(superseded))
+        cut = params.get("truncate")
+        if isinstance(cut, dict) and cut.get("request_id"):
+            end, total = int(cut.get("audio_end_ms") or 0), cut.get("audio_ms")
+            heard = partial(heard_part, audio_end_ms=end, audio_ms=int(total) if total else None,
+                            chars_per_s=self.settings.speech_chars_per_s)
+            changed |= history.truncate(str(cut["request_id"]), heard)
+        if changed:
+            kept = [token for u, a in history.turns for token in self.model.encode(self.persona.turn_text(u, a))]
+            self.conversations.trim(session_id, self._prefix_ids + kept)
 
     def feed(self, slot: int, source: str, data: Any, eos: bool) -> None:
         row = self._rows[slot]
+        if row.params.get("session_end"):
+            row.user_text = ""  # nothing to answer (and no history to open again)
+            return
         if not isinstance(data, dict):
             raise ValueError(f"expected a dict with user_text or text, got {type(data).__name__}")
         text = data.get("user_text", data.get("text"))
@@ -147,14 +188,17 @@ class GemmaThinker:
 
     def close(self, slot: int) -> None:
         row = self._rows.pop(slot, None)
-        if row is None or not row.finished or not row.user_text:
-            return  # aborted or failed: the caller heard an unknown part, so nothing is kept
+        if row is None or not row.user_text:
+            return
+        if not row.finished:  # aborted: what the caller heard of it comes with a later request
+            self.histories.get(row.session_id).interrupted = (row.request_id, row.user_text, row.text)
+            return
         # Positions computed in this slot: every prompt token and every generated token but the
         # last (it was sampled, never fed back).
         computed = self._prefix_ids + row.prompt + row.generated[:-1]
         kv = self.model.cache.read_prefix(slot, len(computed))
         self.conversations.put(row.session_id, CachedConversation(tuple(computed), kv))
-        self.histories.get(row.session_id).add(row.user_text, row.text)
+        self.histories.get(row.session_id).add(row.user_text, row.text, row.request_id)
 
     def held(self) -> dict[str, int]:
         return {"open_rows": len(self._rows)}
