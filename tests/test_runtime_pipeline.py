@@ -220,3 +220,17 @@ async def test_terminal_keys_limit_what_the_client_gets_but_not_the_next_stage()
         assert done.status is RequestStatus.COMPLETED
         assert [c.data for c in chunks if c.stage == "split"] == [{"text": "k"}]  # no "index"
         assert [c.data for c in chunks if c.stage == "upper"] == [{"text": "K", "index": 0, "batch": 1}]
+
+
+async def test_a_bad_row_fails_alone_not_its_batch_mates():
+    stages = [{"name": "upper", "builder": "toy.upper", "terminal": True,
+               "scheduler": {"kind": "simple", "max_batch_size": 8, "max_wait_ms": 200}}]
+    async with coordinator(stages) as coord:
+        good = [coord.submit({}, {"text": f"g{i}"}, eos=True) for i in range(3)]
+        bad = coord.submit({}, {"no_text": 1}, eos=True)
+        _, failed = await asyncio.wait_for(bad.collect(), 20)
+        assert failed.status is RequestStatus.FAILED and "KeyError" in failed.error
+        for i, handle in enumerate(good):
+            chunks, done = await asyncio.wait_for(handle.collect(), 20)
+            assert done.status is RequestStatus.COMPLETED and texts(chunks, "upper") == [f"G{i}"]
+        await coord.wait_idle(timeout=2)

@@ -132,9 +132,15 @@ class SimpleScheduler(Scheduler):
             if len(outputs) != len(batch):
                 raise RuntimeError(f"returned {len(outputs)} outputs for {len(batch)} items")
         except Exception as exc:
-            for item in batch:
-                self.outbox.put(Emit(item.request_id, error=f"{self.name}: {exc!r}"))
-                self._forget(item.request_id)
+            if len(batch) > 1:
+                # One bad row must not fail its batch mates: run each alone, so only the rows
+                # that fail by themselves fail. (Computations validate a row before changing its
+                # state, so the failed batch call left the good rows' state as it was.)
+                for item in batch:
+                    self._process([item])
+                return
+            self.outbox.put(Emit(batch[0].request_id, error=f"{self.name}: {exc!r}"))
+            self._forget(batch[0].request_id)
             return
         for item, produced in zip(batch, outputs):
             self._emit(item, list(produced))
