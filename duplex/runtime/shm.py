@@ -69,30 +69,26 @@ def list_segments(prefix: str = PREFIX) -> list[str]:
     return sorted(p.name for p in SHM_DIR.glob(prefix + "*"))
 
 
+def _unlink(name: str) -> bool:
+    try:
+        os.unlink(SHM_DIR / name)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def sweep(prefix: str) -> int:
     """Unlink every segment whose name starts with ``prefix``; returns how many."""
-    removed = 0
-    for name in list_segments(prefix):
-        try:
-            os.unlink(SHM_DIR / name)
-            removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
+    return sum(_unlink(name) for name in list_segments(prefix))
 
 
 def sweep_dead_runs() -> int:
     """Unlink segments left by runs whose coordinator process no longer exists."""
-    removed = 0
-    for name in list_segments():
+    def dead(name: str) -> bool:
         pid_part = name[len(PREFIX):].split("-", 1)[0]
-        if pid_part.isdigit() and not _pid_alive(int(pid_part)):
-            try:
-                os.unlink(SHM_DIR / name)
-                removed += 1
-            except FileNotFoundError:
-                pass
-    return removed
+        return pid_part.isdigit() and not _pid_alive(int(pid_part))
+
+    return sum(_unlink(name) for name in list_segments() if dead(name))
 
 
 def _pid_alive(pid: int) -> bool:
