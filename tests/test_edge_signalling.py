@@ -16,9 +16,9 @@ from aiortc import RTCPeerConnection
 
 from duplex.edge.client import RealtimeClient
 from duplex.edge.harness import ServerProcess, espeak
-from duplex.edge.rtc_options import rtc_configuration, use_loopback_candidates
+from duplex.edge.rtc_options import rtc_configuration
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 MAX_SESSIONS = 2
 
 
@@ -28,13 +28,6 @@ def server():
                         "--max-sessions", str(MAX_SESSIONS)]) as proc:
         yield proc
     assert proc.stop() == 0
-
-
-@pytest.fixture(autouse=True)
-def loopback_candidates():
-    use_loopback_candidates(True)
-    yield
-    use_loopback_candidates(False)
 
 
 async def offer_sdp(audio: bool = True, channel: bool = True, video: bool = False) -> str:

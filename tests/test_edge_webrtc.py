@@ -17,9 +17,8 @@ import pytest
 from duplex.edge.client import RealtimeClient
 from duplex.edge.harness import ServerProcess, espeak
 from duplex.edge.probes import ask, barge_in, hear, next_response
-from duplex.edge.rtc_options import use_loopback_candidates
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 BARGE_IN_BUDGET_MS = 200
 
 
@@ -40,13 +39,6 @@ def question() -> np.ndarray:
 @pytest.fixture(scope="module")
 def interruption() -> np.ndarray:
     return espeak("Wait, stop")
-
-
-@pytest.fixture(autouse=True)
-def loopback_candidates():
-    use_loopback_candidates(True)
-    yield
-    use_loopback_candidates(False)
 
 
 async def stats(url: str) -> dict:

@@ -14,14 +14,13 @@ import pytest
 from duplex.edge.client import RealtimeClient
 from duplex.edge.harness import ServerProcess
 from duplex.edge.probes import ask, hear
-from duplex.edge.rtc_options import use_loopback_candidates
 from duplex.models.local import assets
 from duplex.models.local.asr import WhisperTranscriber
 from duplex.models.local.audio import resample
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
 from tests.local_helpers import ORDER, speak
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("loopback_candidates")]
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +29,6 @@ def server():
     with ServerProcess(["--port", "0", "--ice-loopback", "--max-sessions", "2"], ready_timeout=300) as proc:
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
-
-
-@pytest.fixture(autouse=True)
-def loopback_candidates():
-    use_loopback_candidates(True)
-    yield
-    use_loopback_candidates(False)
 
 
 @pytest.fixture(scope="module")

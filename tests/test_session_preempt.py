@@ -17,7 +17,6 @@ import pytest
 
 from duplex.edge.client import RealtimeClient
 from duplex.edge.harness import ServerProcess, espeak
-from duplex.edge.rtc_options import use_loopback_candidates
 from duplex.session import events as ev
 from duplex.session.config import SessionConfig, VadConfig
 from duplex.session.protocol import apply_settings
@@ -29,6 +28,8 @@ from duplex.session.vad import (
     SpeechStopped,
     TurnDetector,
 )
+
+pytestmark = pytest.mark.usefixtures("loopback_candidates")  # WebRTC over 127.0.0.1
 
 RATE = 16000
 PAUSE_S = 0.35  # between the two halves of the sentence: over pause_ms (200), under silence_ms (500)
@@ -88,13 +89,6 @@ def server():
                         "--voice.args.pace", "0.6"]) as proc:
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
-
-
-@pytest.fixture(autouse=True)
-def loopback_candidates():
-    use_loopback_candidates(True)
-    yield
-    use_loopback_candidates(False)
 
 
 async def _stats(url: str) -> dict:
