@@ -82,3 +82,25 @@ def user_turn(request_id: str, text: str, session_id: str, **params: Any) -> Wor
 
 def reply_text(emits: list[Emit]) -> str:
     return "".join(e.data["text"] for e in emits if not e.eos and e.data and "text" in e.data)
+
+
+def gemma_thinker_stage(max_new_tokens: int) -> StageConfig:
+    """The local thinker as the model tests run it: two KV slots, short replies."""
+    return StageConfig(name="thinker", builder="local.thinker", scheduler={"kind": "ar", "max_running_requests": 2},
+                       args={"max_len": 768, "max_new_tokens": max_new_tokens})
+
+
+def build_gemma_thinker(stage: StageConfig):
+    from duplex.models.local.stages import build_thinker
+
+    return build_thinker(stage, Ctx(stage, memory_bytes=2 * 2**30))
+
+
+def running_ar_scheduler(stage: StageConfig, runner):
+    """An ``ar`` scheduler started around ``runner``; a generator for a pytest fixture."""
+    from duplex.runtime.schedulers.ar import ARScheduler
+
+    scheduler = ARScheduler(stage, runner)
+    scheduler.start()
+    yield scheduler
+    scheduler.stop()

@@ -12,10 +12,8 @@ import torch
 from duplex.config.pipeline import StageConfig
 from duplex.models.local.conversation_cache import CachedConversation, ConversationCache
 from duplex.models.local.prompt import SessionHistory, heard_part
-from duplex.models.local.stages import build_thinker
 from duplex.runtime.scheduler import WorkItem
-from duplex.runtime.schedulers.ar import ARScheduler
-from tests.local_helpers import ORDER, Ctx, collect, user_turn, wait_until
+from tests.local_helpers import build_gemma_thinker, gemma_thinker_stage, running_ar_scheduler, ORDER, collect, user_turn, wait_until
 
 REPLY = "Sure, one bubble tea with less ice. Would you like a regular or a large?"
 
@@ -65,21 +63,17 @@ def test_trimming_the_cached_conversation_keeps_only_the_matching_prefix():
 
 @pytest.fixture(scope="module")
 def thinker_stage() -> StageConfig:
-    return StageConfig(name="thinker", builder="local.thinker", scheduler={"kind": "ar", "max_running_requests": 2},
-                       args={"max_len": 768, "max_new_tokens": 32})
+    return gemma_thinker_stage(max_new_tokens=32)
 
 
 @pytest.fixture(scope="module")
 def runner(thinker_stage):
-    return build_thinker(thinker_stage, Ctx(thinker_stage, memory_bytes=2 * 2**30))
+    return build_gemma_thinker(thinker_stage)
 
 
 @pytest.fixture
 def scheduler(thinker_stage, runner):
-    sched = ARScheduler(thinker_stage, runner)
-    sched.start()
-    yield sched
-    sched.stop()
+    yield from running_ar_scheduler(thinker_stage, runner)
 
 
 def _reply(scheduler, item: WorkItem) -> str:

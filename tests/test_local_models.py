@@ -14,10 +14,9 @@ from duplex.models.local import assets
 from duplex.models.local.asr import StreamingASR, WhisperTranscriber
 from duplex.models.local.audio import resample
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
-from duplex.models.local.stages import StreamingTTS, build_thinker, build_tts
+from duplex.models.local.stages import StreamingTTS, build_tts
 from duplex.runtime.scheduler import WorkItem
-from duplex.runtime.schedulers.ar import ARScheduler
-from tests.local_helpers import ORDER, Ctx, chunks, collect, reply_text, silence, speak, user_turn, wait_until, word_recall
+from tests.local_helpers import build_gemma_thinker, gemma_thinker_stage, running_ar_scheduler, ORDER, Ctx, chunks, collect, reply_text, silence, speak, user_turn, wait_until, word_recall
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first fixture may convert Gemma (1-2 min)
 
@@ -34,21 +33,17 @@ def order_audio() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def thinker_stage() -> StageConfig:
-    return StageConfig(name="thinker", builder="local.thinker", scheduler={"kind": "ar", "max_running_requests": 2},
-                       args={"max_len": 768, "max_new_tokens": 40})
+    return gemma_thinker_stage(max_new_tokens=40)
 
 
 @pytest.fixture(scope="module")
 def runner(thinker_stage):
-    return build_thinker(thinker_stage, Ctx(thinker_stage, memory_bytes=2 * 2**30))
+    return build_gemma_thinker(thinker_stage)
 
 
 @pytest.fixture
 def scheduler(thinker_stage, runner):
-    sched = ARScheduler(thinker_stage, runner)
-    sched.start()
-    yield sched
-    sched.stop()
+    yield from running_ar_scheduler(thinker_stage, runner)
 
 
 def _stream_asr(asr: StreamingASR, audio: np.ndarray) -> tuple[list[dict], int]:

@@ -53,6 +53,15 @@ async def _idle(srv: SipServer) -> None:
     await wait_until(lambda: all(srv.stats()[k] == 0 for k in keys), 5, "call resources freed")
 
 
+async def _hang_up(srv: SipServer, peer: SipPeer, phone: RtpPhone) -> None:
+    """The caller's BYE, answered 200; the server then holds no call state."""
+    peer.send(peer.request("BYE"))
+    await peer.next(status=200)
+    await _idle(srv)
+    await phone.close()
+    peer.close()
+
+
 async def _answered_call(srv: SipServer, peer: SipPeer, phone: RtpPhone, formats="0 8 101"):
     invite, final = await peer.invite(sdp_offer(phone.port, formats))
     assert final.status == 200, final.reason
@@ -118,11 +127,7 @@ async def test_codec_follows_the_offer_order(server):
     assert "telephone-event" not in final.body.decode()  # not offered, not answered
     await phone.wait_packets(5)
     assert phone.packets[-1][1].payload_type == 8
-    peer.send(peer.request("BYE"))
-    await peer.next(status=200)
-    await _idle(srv)
-    await phone.close()
-    peer.close()
+    await _hang_up(srv, peer, phone)
 
 
 async def test_server_hangs_up_with_bye(server):
@@ -283,11 +288,7 @@ async def test_digest_auth_challenges_and_admits(server):
     assert final.status == 200
     peer.ack(invite, final)
     assert srv.stats()["auth_failures"] == 1 and srv.stats()["auth_challenges"] == 2
-    peer.send(peer.request("BYE"))
-    await peer.next(status=200)
-    await _idle(srv)
-    await phone.close()
-    peer.close()
+    await _hang_up(srv, peer, phone)
 
 
 async def test_allowlist_refuses_other_sources(server):
@@ -310,11 +311,7 @@ async def test_delayed_offer_gets_answer_in_ack(server):
     peer.ack(invite, final, body=sdp_offer(phone.port, "8"))
     await phone.wait_packets(5)
     assert phone.packets[-1][1].payload_type == 8
-    peer.send(peer.request("BYE"))
-    await peer.next(status=200)
-    await _idle(srv)
-    await phone.close()
-    peer.close()
+    await _hang_up(srv, peer, phone)
 
 
 async def test_retransmitted_invite_is_one_call(server):
@@ -329,11 +326,7 @@ async def test_retransmitted_invite_is_one_call(server):
     assert again.get("To") == final.get("To")
     assert srv.stats()["calls"] == 1 and srv.stats()["retransmissions"] >= 1
     peer.ack(invite, final)
-    peer.send(peer.request("BYE"))
-    await peer.next(status=200)
-    await _idle(srv)
-    await phone.close()
-    peer.close()
+    await _hang_up(srv, peer, phone)
 
 
 async def test_unacknowledged_200_ends_the_call(server):
@@ -359,11 +352,7 @@ async def test_dtmf_events_reach_the_agent_once(server):
                          timestamp=9999)  # one event, one timestamp
     call = next(iter(srv.calls.active.values()))
     await wait_until(lambda: call.agent.digits == ["5"], 5, "digit 5")
-    peer.send(peer.request("BYE"))
-    await peer.next(status=200)
-    await _idle(srv)
-    await phone.close()
-    peer.close()
+    await _hang_up(srv, peer, phone)
 
 
 async def test_no_free_session_is_486(server):
