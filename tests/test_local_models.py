@@ -173,6 +173,38 @@ def test_abort_mid_reply_frees_the_slot_and_keeps_history_clean(scheduler, runne
     assert collect(scheduler, {"after"})["after"][-1].eos
 
 
+def _interim(request_id: str, text: str, session_id: str) -> WorkItem:
+    """What the asr stage streams to the thinker while the user is still speaking."""
+    return WorkItem(request_id, "asr", {"user_text": text, "user_text_final": False}, eos=False,
+                    params={"session_id": session_id})
+
+
+def test_interim_transcripts_are_prefilled_ahead_and_the_reply_is_unchanged(scheduler, runner):
+    line = "How much is a regular mango tea?"
+    scheduler.inbox.put(user_turn("cold", line, session_id="cold"))
+    cold = collect(scheduler, {"cold"})["cold"][-1].data["reply"]
+
+    warmed, prefilled = runner.warmed_tokens, runner.prefilled_tokens
+    for partial in ("How much is a", "How much is a regular mango"):
+        before = runner.warmed_tokens
+        scheduler.inbox.put(_interim("warm", partial, session_id="warm"))
+        wait_until(lambda: runner.warmed_tokens > before, timeout=30, what=f"interim {partial!r} prefilled")
+    assert not scheduler.outbox.drain()  # nothing is said while the user speaks
+    scheduler.inbox.put(user_turn("warm", line, session_id="warm"))
+    warm = collect(scheduler, {"warm"})["warm"][-1].data["reply"]
+
+    assert warm == cold
+    whole_line = len(runner.model.encode(runner.persona.turn_text(line, None)))
+    assert runner.warmed_tokens - warmed >= whole_line - 4
+    assert runner.prefilled_tokens - prefilled <= whole_line // 2  # only the changed tail at the end
+
+    scheduler.inbox.put(_interim("gone", "Can I get a", session_id="gone"))
+    wait_until(lambda: scheduler.resources()["kv_slots"] == 1, what="a slot for the interim")
+    scheduler.abort("gone")
+    wait_until(lambda: scheduler.resources()["kv_slots"] == 0 and runner.held()["open_rows"] == 0
+               and not scheduler.live_requests(), what="the aborted interim turn to free its slot")
+
+
 def test_bad_input_fails_its_request_only(scheduler):
     scheduler.inbox.put(WorkItem("bad", "asr", "not a transcript", eos=True, params={"session_id": "x"}))
     scheduler.inbox.put(WorkItem("empty", "asr", {"unrelated": 1}, eos=True, params={"session_id": "x"}))

@@ -9,26 +9,39 @@ a decode step, and the other positions' logits would be thrown away.
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
+from duplex.models.local.fast_layers import SpeakableHead, speakable_token_ids, use_fp16_weights
 from duplex.models.local.kv_slots import KVPrefix, SlotBatch, SlotKVCache
 
 
 class GemmaModel:
-    def __init__(self, model_dir: Path, num_slots: int, max_len: int, quantize: str = "none") -> None:
+    """``quantize``: ``int8`` output layer or ``none`` (fp32). ``vocabulary``: ``speakable``
+    scores only tokens a voice can say (``fast_layers.SpeakableHead``), ``full`` all 262k.
+    ``layer_weights``: ``fp16`` stores the transformer layers' linear weights in half precision
+    (activations and sums stay fp32), ``fp32`` keeps them as loaded."""
+
+    def __init__(self, model_dir: Path, num_slots: int, max_len: int, quantize: str = "none",
+                 vocabulary: str = "full", layer_weights: str = "fp32") -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        _check_choice("quantize", quantize, ("none", "int8"))
+        _check_choice("vocabulary", vocabulary, ("full", "speakable"))
+        _check_choice("layer_weights", layer_weights, ("fp32", "fp16"))
         started = time.monotonic()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.eval()
-        if quantize == "int8":
-            self._quantize_output_layer()
-        elif quantize != "none":
-            raise ValueError(f"quantize: {quantize!r} (use none or int8)")
+        self.bos_id = self.tokenizer.bos_token_id
+        self.stop_ids = {self.tokenizer.eos_token_id}
+        end_of_turn = self.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+        if isinstance(end_of_turn, int) and end_of_turn != self.tokenizer.unk_token_id:
+            self.stop_ids.add(end_of_turn)
+        self._swap_output_layer(quantize, vocabulary)
+        if layer_weights == "fp16":
+            self.model.model.layers = use_fp16_weights(self.model.model.layers)
         self.load_seconds = time.monotonic() - started
         config = self.model.config
         self.cache = SlotKVCache(
@@ -40,25 +53,20 @@ class GemmaModel:
             layer_types=list(config.layer_types),
             sliding_window=config.sliding_window,
         )
-        self.bos_id = self.tokenizer.bos_token_id
-        self.stop_ids = {self.tokenizer.eos_token_id}
-        end_of_turn = self.tokenizer.convert_tokens_to_ids("<end_of_turn>")
-        if isinstance(end_of_turn, int) and end_of_turn != self.tokenizer.unk_token_id:
-            self.stop_ids.add(end_of_turn)
 
-    def _quantize_output_layer(self) -> None:
-        """Dynamic int8 for the 262k-word output layer only: it is ~half of each decode step.
-
-        Measured on the persona prompts: int8 on every linear (per-tensor or per-channel)
-        changed what the replies say (Gemma's activations have outliers); the output layer alone
-        keeps the greedy replies."""
-        qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-        with warnings.catch_warnings():
-            # torch 2.13 warns that quantized tensors will go in a later release; the torch pin
-            # in pyproject keeps this path working until then.
-            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-            warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
-            self.model = torch.ao.quantization.quantize_dynamic(self.model, {"lm_head": qconfig}, dtype=torch.qint8)
+    def _swap_output_layer(self, quantize: str, vocabulary: str) -> None:
+        """The 262k-word output layer is the largest matrix of a decode step. Measured on the
+        persona prompts: int8 on every linear changed what the replies say (Gemma's activations
+        have outliers); int8 on the output layer alone keeps the greedy replies."""
+        weight = self.model.get_output_embeddings().weight
+        if vocabulary == "speakable":
+            pieces = self.tokenizer.convert_ids_to_tokens(list(range(weight.shape[0])))
+            ids = speakable_token_ids(pieces, always=self.stop_ids)
+        elif quantize == "int8":
+            ids = list(range(weight.shape[0]))
+        else:
+            return
+        self.model.set_output_embeddings(SpeakableHead(weight, ids, quantize_int8=quantize == "int8"))
 
     @staticmethod
     def bytes_per_slot(model_dir: Path, max_len: int) -> int:
@@ -92,3 +100,8 @@ class GemmaModel:
         """KV of a prefix every request shares (the persona), computed once in a scratch slot."""
         self.prefill(scratch_slot, 0, token_ids)
         return self.cache.read_prefix(scratch_slot, len(token_ids))
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}: {value!r} (use one of {', '.join(allowed)})")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # Resident weights: float32 ~1.1 GB; the int8 output layer is a second (int8) copy of the tied
 # embedding matrix, so int8 costs a little more memory, not less.
-_WEIGHT_BYTES = {"none": 1_100 * 2**20, "int8": 1_300 * 2**20}
+_WEIGHT_BYTES = {"none": 1_100 * 2**20, "int8": 1_300 * 2**20}  # fp32 model (+ int8 output layer)
 
 
 def _cache_root(stage: StageConfig) -> Path | None:
@@ -62,27 +62,32 @@ def build_thinker(stage: StageConfig, ctx: Any) -> "GemmaThinker":
     from duplex.models.local.thinker import GemmaThinker, ThinkerSettings
 
     settings_fields = set(ThinkerSettings.__dataclass_fields__)
-    args = _known_args(stage, settings_fields | {"cache_dir", "quantize", "max_len", "persona"})
+    args = _known_args(stage, settings_fields | {"cache_dir", "quantize", "vocabulary", "layer_weights", "max_len",
+                                                 "persona"})
     torch.set_num_threads(ctx.threads)
     model_dir = assets.prepare_gemma(_cache_root(stage))
     max_len = int(args.get("max_len", 1024))
     quantize = str(args.get("quantize", "int8"))
+    vocabulary = str(args.get("vocabulary", "speakable"))
+    layer_weights = str(args.get("layer_weights", "fp16"))
     settings = ThinkerSettings(**{k: v for k, v in args.items() if k in settings_fields})
     per_slot = GemmaModel.bytes_per_slot(model_dir, max_len)
-    capacity = _slots_for_budget(stage, ctx.memory_bytes, per_slot, max_len, quantize, settings.cached_sessions)
-    model = GemmaModel(model_dir, num_slots=capacity, max_len=max_len, quantize=quantize)
+    weight_bytes = _WEIGHT_BYTES.get(quantize, _WEIGHT_BYTES["int8"])
+    capacity = _slots_for_budget(stage, ctx.memory_bytes, per_slot, max_len, weight_bytes, settings.cached_sessions)
+    model = GemmaModel(model_dir, num_slots=capacity, max_len=max_len, quantize=quantize,
+                       vocabulary=vocabulary, layer_weights=layer_weights)
     persona = Persona(description=args["persona"]) if args.get("persona") else Persona()
     return GemmaThinker(model, persona, settings, capacity)
 
 
-def _slots_for_budget(stage: StageConfig, budget: int | None, per_slot: int, max_len: int, quantize: str,
+def _slots_for_budget(stage: StageConfig, budget: int | None, per_slot: int, max_len: int, weight_bytes: int,
                       cached_sessions: int) -> int:
     """KV slots the stage's memory budget pays for after the weights and the conversation cache
     (each cached conversation takes at most one slot's worth), capped by the scheduler."""
     wanted = stage.scheduler.max_running_requests if hasattr(stage.scheduler, "max_running_requests") else 1
     if budget is None:
         return wanted
-    fixed = _WEIGHT_BYTES[quantize] + cached_sessions * per_slot
+    fixed = weight_bytes + cached_sessions * per_slot
     affordable = (budget - fixed) // per_slot
     if affordable < 1:
         need = (fixed + per_slot) / 2**20

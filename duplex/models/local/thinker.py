@@ -1,7 +1,9 @@
 """The Gemma thinker as an ``ar`` stage runner (``StepRunner``): one request = one agent turn.
 
 Input: the ASR stage's final output ``{"user_text": ..., "user_text_final": True}`` (or a
-client's ``{"text": ...}``). The prompt is the persona (its KV computed once and copied into the
+client's ``{"text": ...}``). Interim transcripts (``user_text_final: False``) arriving while the
+user speaks are prefilled ahead (K/V only, nothing is said), so the end of the turn computes only
+the tokens the final transcript changed. The prompt is the persona (its KV computed once and copied into the
 slot), the session's history within ``history_budget`` tokens, and the new user line. The turn
 ends at the first line break (the few-shot examples teach one line per turn), an end token, or
 ``max_new_tokens``. Output: ``{"text": delta}`` chunks as tokens resolve; the eos emit carries
@@ -60,6 +62,8 @@ class _Row:
     generated: list[int] = field(default_factory=list)  # resolved tokens
     text: str = ""  # resolved reply text (up to the stop)
     finished: bool = False
+    interim: list[int] | None = None  # an interim transcript's prompt, waiting to be prefilled
+    resident: list[int] = field(default_factory=list)  # tokens whose K/V the slot holds from 0 on
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class _Plan:
     prefill: list[_Prefill]
     decode: list[tuple[int, int, dict]]  # (slot, position of the token fed, sampling params)
     empty: list[int]  # rows with nothing to say (empty user text): done without compute
+    warm: list[_Prefill] = field(default_factory=list)  # interim transcripts: K/V only, no token
 
 
 class GemmaThinker:
@@ -90,7 +95,8 @@ class GemmaThinker:
         self.conversations = ConversationCache(settings.cached_sessions)
         self._rows: dict[int, _Row] = {}
         self._last_token: dict[int, int] = {}  # worker thread only
-        self.prefilled_tokens = 0  # tokens run through prefill, all requests (benchmarks read it)
+        self.prefilled_tokens = 0  # tokens prefilled to answer, all requests (benchmarks read it)
+        self.warmed_tokens = 0  # tokens prefilled ahead from interim transcripts
         self._stop_ids = set(model.stop_ids)
 
     # -- scheduler thread ----------------------------------------------------------------------
@@ -135,6 +141,8 @@ class GemmaThinker:
         if text is not None and not isinstance(text, str):
             raise ValueError(f"user_text must be a string, got {type(text).__name__}")
         final = eos or bool(data.get("user_text_final")) or "user_text" not in data
+        if text is not None and not final and row.user_text is None:
+            self._take_interim(row, text.strip())
         if text is not None and final and row.user_text is None:
             prompt = self.prompt_tokens(row.session_id, text.strip())
             room = self.model.cache.max_len - len(self._prefix_ids) - 1
@@ -144,30 +152,47 @@ class GemmaThinker:
         if eos and row.user_text is None:
             raise ValueError("the turn ended without any user text")
 
+    def _take_interim(self, row: _Row, text: str) -> None:
+        """The user is still speaking: their words so far can be prefilled now, so that at the end
+        of the turn only what changed is left to compute (the final transcript usually extends
+        the interim one by a word or two)."""
+        if not text:
+            return
+        prompt = self.prompt_tokens(row.session_id, text)
+        fits = len(self._prefix_ids) + len(prompt) < self.model.cache.max_len
+        if fits and self._prefix_ids + prompt != row.resident:
+            row.interim = prompt
+
     def ready(self, slot: int) -> bool:
         row = self._rows.get(slot)
-        if row is None or row.user_text is None or row.finished:
+        if row is None or row.finished:
             return False
+        if row.user_text is None:
+            return row.interim is not None
         return row.planned_tokens < self._token_limit(row)
 
     def plan(self, slots: list[int]) -> _Plan:
-        prefill, decode, empty = [], [], []
+        prefill, decode, empty, warm = [], [], [], []
         for slot in slots:
             row = self._rows[slot]
-            if not row.user_text:
+            if row.user_text is None:  # still speaking: prefill the interim transcript
+                warm.append(self._plan_prefill(slot, row, row.interim or []))
+                row.interim = None
+            elif not row.user_text:
                 empty.append(slot)
                 row.planned_tokens = self._token_limit(row)
             elif row.planned_tokens == 0:
-                prefill.append(self._plan_prefill(slot, row))
+                prefill.append(self._plan_prefill(slot, row, row.prompt))
                 row.planned_tokens = 1
             else:
                 decode.append((slot, len(self._prefix_ids) + len(row.prompt) + row.planned_tokens - 1, row.params))
                 row.planned_tokens += 1
-        return _Plan(prefill, decode, empty)
+        return _Plan(prefill, decode, empty, warm)
 
-    def _plan_prefill(self, slot: int, row: _Row) -> _Prefill:
-        """Reuse the session's cached conversation K/V where its tokens match, else the persona's."""
-        tokens = self._prefix_ids + row.prompt
+    def _plan_prefill(self, slot: int, row: _Row, prompt: list[int]) -> _Prefill:
+        """Start from the longest K/V already known for these tokens: what the slot holds from an
+        interim prefill, the session's cached conversation, or the persona's."""
+        tokens = self._prefix_ids + prompt
         reused, start = self._prefix, len(self._prefix_ids)
         cached = self.conversations.get(row.session_id)
         if cached is not None:
@@ -175,6 +200,10 @@ class GemmaThinker:
             if matching > start:
                 reused = [(k[:, :matching], v[:, :matching]) for k, v in cached.kv]
                 start = matching
+        in_slot = min(_common_prefix(row.resident, tokens), len(tokens) - 1)
+        if in_slot >= start:
+            reused, start = [], in_slot  # already in the slot: nothing to copy
+        row.resident = tokens
         return _Prefill(slot, reused, start, tokens[start:], row.params)
 
     def resolve(self, plan: _Plan, raw: dict[int, int]) -> dict[int, RowOutput]:
@@ -206,6 +235,10 @@ class GemmaThinker:
     # -- worker thread -------------------------------------------------------------------------
     def compute(self, plan: _Plan) -> dict[int, int]:
         sampled: dict[int, int] = {}
+        for job in plan.warm:
+            self.model.cache.copy_prefix(job.slot, job.reused)
+            self.model.prefill(job.slot, job.start, job.tokens)
+            self.warmed_tokens += len(job.tokens)
         for job in plan.prefill:
             self.model.cache.copy_prefix(job.slot, job.reused)
             logits = self.model.prefill(job.slot, job.start, job.tokens)
@@ -266,3 +299,11 @@ class GemmaThinker:
             row.finished = True
             return RowOutput(emits=emits, done=True, final={"text": "", "reply": row.text.strip()})
         return RowOutput(emits=emits)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
