@@ -79,6 +79,18 @@ def test_asr_transcribes_the_tail_when_speech_runs_to_the_end(transcriber, order
     assert "bubble tea" in emitted[-1]["user_text"].lower()
 
 
+def test_asr_transcribes_a_tail_heard_after_a_partial_before_the_turn_ends(transcriber):
+    # Here a periodic partial lands at the very end of speech and a few voiced frames follow it:
+    # the settled silence must trigger the last call, or the end of the turn waits for a whole one.
+    asr = StreamingASR(transcriber)
+    speech = speak("How much is a regular mango tea?")
+    voiced = asr.vad.voiced_frames(speech)
+    speech = speech[: (len(voiced) - voiced[::-1].index(True)) * 480]
+    emitted, calls_at_eos = _stream_asr(asr, np.concatenate([silence(0.2), speech, silence(0.5)]))
+    assert calls_at_eos == 0
+    assert "mango tea" in emitted[-1]["user_text"].lower()
+
+
 def test_asr_hears_nothing_in_silence_and_accepts_other_rates(transcriber):
     asr = StreamingASR(transcriber)
     emitted, _ = _stream_asr(asr, silence(1.5))
@@ -197,6 +209,13 @@ def test_interim_transcripts_are_prefilled_ahead_and_the_reply_is_unchanged(sche
     whole_line = len(runner.model.encode(runner.persona.turn_text(line, None)))
     assert runner.warmed_tokens - warmed >= whole_line - 4
     assert runner.prefilled_tokens - prefilled <= whole_line // 2  # only the changed tail at the end
+
+    before, prefilled = runner.warmed_tokens, runner.prefilled_tokens
+    scheduler.inbox.put(_interim("same", line, session_id="same"))
+    wait_until(lambda: runner.warmed_tokens > before, timeout=30, what="interim prefilled")
+    scheduler.inbox.put(user_turn("same", line, session_id="same"))  # the final says nothing new
+    assert collect(scheduler, {"same"})["same"][-1].data["reply"] == cold
+    assert runner.prefilled_tokens == prefilled  # the interim step's token was the first token
 
     scheduler.inbox.put(_interim("gone", "Can I get a", session_id="gone"))
     wait_until(lambda: scheduler.resources()["kv_slots"] == 1, what="a slot for the interim")

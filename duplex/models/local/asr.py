@@ -143,15 +143,18 @@ class StreamingASR:
         policy = self.policy
         frames_done = state["done"] // _VAD_FRAME
         new_voiced = state["voiced"][frames_done:]
-        if final:
-            # Any voiced frame since the last transcript may be the end of the last word.
+        if final or self._settled(new_voiced):
+            # Any voiced frame since the last transcript may be the end of the last word: once
+            # silence settles, transcribing now leaves the end of the turn nothing to wait for.
             return any(new_voiced)
         if sum(new_voiced) < policy.min_speech_frames:
             return False  # nothing new was said (Whisper makes words up from silence: "I")
         new_seconds = (len(state["audio"]) - state["done"]) / SAMPLE_RATE
-        settle_frames = math.ceil(policy.settle_s * SAMPLE_RATE / _VAD_FRAME)
-        settled = len(new_voiced) >= settle_frames and not any(new_voiced[-settle_frames:])
-        return settled or new_seconds >= policy.partial_interval_s
+        return new_seconds >= policy.partial_interval_s
+
+    def _settled(self, new_voiced: list[bool]) -> bool:
+        settle_frames = math.ceil(self.policy.settle_s * SAMPLE_RATE / _VAD_FRAME)
+        return len(new_voiced) >= settle_frames and not any(new_voiced[-settle_frames:])
 
     def _transcribe_due(self, due: list[tuple[int, dict]]) -> None:
         groups: dict[int, list[dict]] = {}

@@ -95,6 +95,7 @@ class GemmaThinker:
         self.conversations = ConversationCache(settings.cached_sessions)
         self._rows: dict[int, _Row] = {}
         self._last_token: dict[int, int] = {}  # worker thread only
+        self._warm_token: dict[int, int] = {}  # worker thread only: token after a slot's last interim
         self.prefilled_tokens = 0  # tokens prefilled to answer, all requests (benchmarks read it)
         self.warmed_tokens = 0  # tokens prefilled ahead from interim transcripts
         self._stop_ids = set(model.stop_ids)
@@ -193,6 +194,8 @@ class GemmaThinker:
         """Start from the longest K/V already known for these tokens: what the slot holds from an
         interim prefill, the session's cached conversation, or the persona's."""
         tokens = self._prefix_ids + prompt
+        if tokens == row.resident:  # an interim prefill computed exactly these: its token stands
+            return _Prefill(slot, [], len(tokens), [], row.params)
         reused, start = self._prefix, len(self._prefix_ids)
         cached = self.conversations.get(row.session_id)
         if cached is not None:
@@ -237,9 +240,13 @@ class GemmaThinker:
         sampled: dict[int, int] = {}
         for job in plan.warm:
             self.model.cache.copy_prefix(job.slot, job.reused)
-            self.model.prefill(job.slot, job.start, job.tokens)
+            logits = self.model.prefill(job.slot, job.start, job.tokens)
             self.warmed_tokens += len(job.tokens)
+            self._warm_token[job.slot] = self._sample(logits[None], [job.params])[0]
         for job in plan.prefill:
+            if not job.tokens:  # the final transcript is the interim one: take that step's token
+                sampled[job.slot] = self._warm_token.pop(job.slot)
+                continue
             self.model.cache.copy_prefix(job.slot, job.reused)
             logits = self.model.prefill(job.slot, job.start, job.tokens)
             self.prefilled_tokens += len(job.tokens)
