@@ -3,10 +3,15 @@
 Numpy arrays and torch tensors become msgpack extension values that describe where their bytes
 lie in one flat buffer (64-byte aligned); everything else is plain msgpack. Tuples come back as
 lists. Decoding can hand out views of the buffer (zero copy) or copies.
+
+Each thread keeps one msgspec encoder and decoder and reuses them: a stage packs or unpacks one
+value per hop, usually on a core that just woke up, where building a new (de)coder costs tens of
+microseconds of cold code.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,8 +29,8 @@ class Packed:
     buffers: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (offset, uint8 array)
     nbytes: int = 0  # total size of the flat buffer
 
-    def write_into(self, target: memoryview | bytearray | Any, base: int = 0) -> None:
-        view = np.frombuffer(target, dtype=np.uint8)
+    def write_into(self, target: np.ndarray | memoryview | bytearray | Any, base: int = 0) -> None:
+        view = target if isinstance(target, np.ndarray) else np.frombuffer(target, dtype=np.uint8)
         for offset, data in self.buffers:
             start = base + offset
             np.copyto(view[start:start + data.nbytes], data)
@@ -40,35 +45,89 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def pack(value: Any) -> Packed:
-    packed = Packed(meta=b"")
+_EMPTY = Packed(meta=b"")
 
-    def add_buffer(raw: np.ndarray) -> int:
+
+class _Packer:
+    """A reusable encoder; ``packed`` is the value being packed (one at a time per thread)."""
+
+    def __init__(self) -> None:
+        self.packed = _EMPTY
+        self.encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+
+    def pack(self, value: Any) -> Packed:
+        packed = self.packed = Packed(meta=b"")
+        try:
+            packed.meta = self.encoder.encode(value)
+        finally:
+            self.packed = _EMPTY  # the packer must not keep the value's arrays alive
+        return packed
+
+    def _add_buffer(self, raw: np.ndarray) -> int:
+        packed = self.packed
         offset = packed.nbytes
         packed.buffers.append((offset, raw))
         packed.nbytes = _align(offset + raw.nbytes)
         return offset
 
-    def enc_hook(obj: Any) -> Any:
+    def _enc_hook(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray):
             array = np.ascontiguousarray(obj)
             raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
-            offset = add_buffer(raw)
+            offset = self._add_buffer(raw)
             desc = (array.dtype.str, list(array.shape), offset, raw.nbytes)
             return msgspec.msgpack.Ext(_EXT_NUMPY, msgspec.msgpack.encode(desc))
         torch = _torch_if_loaded()
         if torch is not None and isinstance(obj, torch.Tensor):
             tensor = obj.detach().to("cpu").contiguous()
             raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
-            offset = add_buffer(raw)
+            offset = self._add_buffer(raw)
             desc = (str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, raw.nbytes)
             return msgspec.msgpack.Ext(_EXT_TORCH, msgspec.msgpack.encode(desc))
         if isinstance(obj, (np.generic,)):
             return obj.item()
         raise TypeError(f"cannot send a {type(obj).__name__} between stages")
 
-    packed.meta = msgspec.msgpack.Encoder(enc_hook=enc_hook).encode(value)
-    return packed
+
+class _Unpacker:
+    """A reusable decoder; ``flat`` is the buffer of the payload being unpacked."""
+
+    def __init__(self) -> None:
+        self.flat: np.ndarray | None = None
+        self.decoder = msgspec.msgpack.Decoder(ext_hook=self._ext_hook)
+
+    def unpack(self, meta: bytes, flat: np.ndarray | None) -> Any:
+        self.flat = flat
+        try:
+            return self.decoder.decode(meta)
+        finally:
+            self.flat = None  # the decoder must not keep a (zero-copy) buffer alive
+
+    def _ext_hook(self, code: int, data: memoryview) -> Any:
+        dtype_name, shape, offset, nbytes = msgspec.msgpack.decode(data)
+        if code == _EXT_NUMPY and nbytes:  # one call; its base is ``flat``, which callers watch
+            return np.ndarray(shape, dtype=dtype_name, buffer=self.flat, offset=offset)
+        raw = self.flat[offset:offset + nbytes] if nbytes else np.empty(0, np.uint8)
+        if code == _EXT_NUMPY:
+            return raw.view(np.dtype(dtype_name)).reshape(shape)
+        if code == _EXT_TORCH:
+            import torch
+
+            dtype = getattr(torch, dtype_name)
+            if not nbytes:
+                return torch.empty(shape, dtype=dtype)
+            return torch.from_numpy(raw).view(dtype).reshape(shape)
+        raise ValueError(f"unknown payload extension {code}")
+
+
+_per_thread = threading.local()
+
+
+def pack(value: Any) -> Packed:
+    packer = getattr(_per_thread, "packer", None)
+    if packer is None:
+        packer = _per_thread.packer = _Packer()
+    return packer.pack(value)
 
 
 def unpack(meta: bytes, buffer: Any, copy: bool, on_view: Callable[[np.ndarray], None] | None = None) -> Any:
@@ -84,22 +143,10 @@ def unpack(meta: bytes, buffer: Any, copy: bool, on_view: Callable[[np.ndarray],
             flat = flat.copy()
         elif on_view is not None:
             on_view(flat)
-
-    def ext_hook(code: int, data: memoryview) -> Any:
-        dtype_name, shape, offset, nbytes = msgspec.msgpack.decode(data)
-        raw = flat[offset:offset + nbytes] if nbytes else np.empty(0, np.uint8)
-        if code == _EXT_NUMPY:
-            return raw.view(np.dtype(dtype_name)).reshape(shape)
-        if code == _EXT_TORCH:
-            import torch
-
-            dtype = getattr(torch, dtype_name)
-            if not nbytes:
-                return torch.empty(shape, dtype=dtype)
-            return torch.from_numpy(raw).view(dtype).reshape(shape)
-        raise ValueError(f"unknown payload extension {code}")
-
-    return msgspec.msgpack.Decoder(ext_hook=ext_hook).decode(meta)
+    unpacker = getattr(_per_thread, "unpacker", None)
+    if unpacker is None:
+        unpacker = _per_thread.unpacker = _Unpacker()
+    return unpacker.unpack(meta, flat)
 
 
 def _torch_if_loaded():

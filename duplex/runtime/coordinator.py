@@ -269,8 +269,9 @@ class Coordinator:
     def _dispatch(self, msg: m.Message) -> None:
         if isinstance(msg, m.DataReady):
             self._on_output(msg)
-        elif isinstance(msg, m.Progress):
-            self._on_progress(msg)
+        elif isinstance(msg, m.ProgressReports):
+            for report in msg.reports:
+                self._on_progress(report)
         elif isinstance(msg, m.Ack):
             self._outlet.on_ack(msg.block_ids)
         elif isinstance(msg, m.Ready):

@@ -47,12 +47,19 @@ class Ack(msgspec.Struct, tag=True):
     block_ids: list[int]
 
 
-class Progress(msgspec.Struct, tag=True):
-    """Stage -> coordinator: a stage took a request in, or let it go (done/aborted/failed)."""
+class Progress(msgspec.Struct):
+    """A stage took a request in, or let it go (done/aborted/failed)."""
 
     request_id: str
     stage: str
     event: str  # "admitted" | "released"
+
+
+class ProgressReports(msgspec.Struct, tag=True):
+    """Stage -> coordinator: the progress reports a stage held back, oldest first, in one message
+    (see ``duplex.runtime.progress``)."""
+
+    reports: list[Progress]
 
 
 class Abort(msgspec.Struct, tag=True):
@@ -114,7 +121,7 @@ class StageFailed(msgspec.Struct, tag=True):
 
 
 Message = Union[
-    DataReady, Ack, Progress, Abort, PeerRestarted, Hello, Ready, StatsQuery, StageStats, Ping,
+    DataReady, Ack, ProgressReports, Abort, PeerRestarted, Hello, Ready, StatsQuery, StageStats, Ping,
     Pong, Shutdown, StageFailed,
 ]
 

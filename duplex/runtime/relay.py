@@ -21,8 +21,10 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import numpy as np
 
 from duplex.config.pipeline import RelayConfig
 from duplex.runtime import shm
@@ -36,6 +38,12 @@ MIN_BLOCK = 64 * 1024
 class _Block:
     segment: shm.Segment
     size: int
+    array: np.ndarray | None = field(default=None, repr=False)  # uint8 view, made once per block
+
+    def view(self) -> np.ndarray:
+        if self.array is None:
+            self.array = np.frombuffer(self.segment.buf, dtype=np.uint8)
+        return self.array
 
 
 class ShmPool:
@@ -83,6 +91,7 @@ class ShmPool:
         return self._allocated + needed <= self._capacity
 
     def _destroy(self, block: _Block) -> None:
+        block.array = None  # else the mapping cannot close
         block.segment.close()
         block.segment.unlink()
         self._allocated -= block.size
@@ -116,7 +125,7 @@ class RelayWriter:
         block = self._pool.acquire(packed.nbytes)
         if block is None:
             return None
-        packed.write_into(block.segment.buf)
+        packed.write_into(block.view())
         ticket = next(self._tickets)
         self._in_flight[ticket] = (block, dst, time.monotonic() + self._cfg.ack_timeout_s)
         self._per_peer[dst] = self._per_peer.get(dst, 0) + 1
@@ -166,7 +175,10 @@ class RelayReader:
         self._zero_copy_min = zero_copy_min_bytes
         self._attached: OrderedDict[str, shm.Segment] = OrderedDict()
         self._max_attached = max_attached
-        self._held = 0
+        # lease -> weak reference to the array every view of one block hangs off; its callback
+        # acks the block (weakref.finalize does the same with far more code run per use)
+        self._views: dict[int, weakref.ref] = {}
+        self._leases = itertools.count()
         self._lock = threading.Lock()
 
     def decode(self, payload: Payload, producer: str) -> Any:
@@ -181,24 +193,26 @@ class RelayReader:
                 return unpack(payload.meta, window, copy=True)
             finally:
                 self._release(producer, ref.block_id)
-        with self._lock:
-            self._held += 1
-        return unpack(payload.meta, window, copy=False,
-                      on_view=lambda flat: weakref.finalize(flat, self._view_gone, producer, ref.block_id))
+        return unpack(payload.meta, window, copy=False, on_view=lambda flat: self._watch(flat, producer, ref.block_id))
 
     def discard(self, payload: Payload | None, producer: str) -> None:
         """Give back a payload's block unread (its request was aborted)."""
         if payload is not None and payload.shm is not None:
             self._release(producer, payload.shm.block_id)
 
-    def _view_gone(self, producer: str, block_id: int) -> None:
+    def _watch(self, flat: np.ndarray, producer: str, block_id: int) -> None:
+        lease = next(self._leases)
         with self._lock:
-            self._held -= 1
+            self._views[lease] = weakref.ref(flat, lambda _: self._view_gone(lease, producer, block_id))
+
+    def _view_gone(self, lease: int, producer: str, block_id: int) -> None:
+        with self._lock:
+            self._views.pop(lease, None)
         self._release(producer, block_id)
 
     @property
     def blocks_held(self) -> int:
-        return self._held
+        return len(self._views)
 
     def _segment(self, name: str) -> shm.Segment:
         segment = self._attached.get(name)

@@ -2,6 +2,12 @@
 
 One thread polls every socket and wake-up fd: stage inboxes (PULL), the control broadcast (SUB),
 the schedulers' outboxes and the relay's release queue. Schedulers compute in their own threads.
+
+A scheduler thread ships its own outputs (route, pack, shm write, send) right after computing
+them: the bytes are hot in that core's cache and no thread has to wake first. The host's state
+(request books, relay, sockets) is touched by one thread at a time, under ``StageHost.lock``;
+ZeroMQ lets a socket move between threads across the full memory barrier a lock gives, and one
+PUSH socket per destination keeps every destination's messages in send order.
 """
 
 from __future__ import annotations
@@ -11,10 +17,12 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import zmq
@@ -23,8 +31,9 @@ from duplex.config.pipeline import PipelineConfig, StageConfig
 from duplex.config.placement import stage_budget_bytes
 from duplex.runtime import messages as m
 from duplex.runtime.codec import pack
+from duplex.runtime.progress import ProgressBuffer
 from duplex.runtime.relay import Outlet, RelayReader, RelayWriter
-from duplex.runtime.scheduler import CLIENT, Emit, Scheduler
+from duplex.runtime.scheduler import CLIENT, Emit, Scheduler, WorkItem
 from duplex.runtime.schedulers import make_scheduler
 from duplex.runtime.stage import COORDINATOR, StageShell
 
@@ -112,6 +121,13 @@ class StageHost:
         self.inboxes: dict[zmq.Socket, str] = {}
         self.sub: zmq.Socket | None = None
         self.running = True
+        self.lock = threading.Lock()  # held by whichever thread touches the host's state
+        self._closed = False  # set under the lock: late emits of a stopping scheduler are dropped
+        self.progress = ProgressBuffer(lambda reports: self._send(COORDINATOR, reports))
+        # inputs the I/O thread accepted in this wake-up, put into scheduler inboxes at its end
+        # (still under the lock, so they precede anything a scheduler thread delivers next)
+        self._handoffs: list[tuple[Scheduler, WorkItem]] = []
+        self._io_thread = threading.get_ident()
         self._build(builders)
 
     # -- setup --------------------------------------------------------------------------------
@@ -121,6 +137,7 @@ class StageHost:
                                memory_bytes=stage_budget_bytes(self.pipeline, stage), threads=stage.threads)
             computation = builders[stage.builder](stage, ctx)
             scheduler = make_scheduler(stage, computation)
+            scheduler.outbox.take_in_caller(partial(self._take_emit, stage.name))
             writer = RelayWriter(segment_prefix(self.spec.run_id, stage.name), self.pipeline.relay,
                                  use_shm=self.spec.use_shm)
             outlet = Outlet(writer, self._send)
@@ -154,9 +171,27 @@ class StageHost:
 
     # -- main loop ----------------------------------------------------------------------------
     def serve(self) -> None:
+        self._io_thread = threading.get_ident()
         sub = self._bind()
         for hosted in self.stages.values():
             hosted.scheduler.start()
+        poller, wake_fds = self._poller(sub)
+        next_expiry = time.monotonic() + 1.0
+        while self.running:
+            ready = poller.poll(timeout=self.progress.poll_timeout_ms(200))
+            with self.lock:
+                for sock_or_fd, _ in ready:
+                    self._on_ready(sock_or_fd, sub, wake_fds)
+                    if not self.running:
+                        break
+                self.progress.flush_due()
+                if time.monotonic() >= next_expiry:
+                    self._expire_blocks()
+                    next_expiry = time.monotonic() + 1.0
+                self._hand_off()  # last before sleeping: a woken scheduler thread finds the GIL free
+        self._close()
+
+    def _poller(self, sub: zmq.Socket) -> tuple[zmq.Poller, dict[int, str]]:
         poller = zmq.Poller()
         for sock in self.inboxes:
             poller.register(sock, zmq.POLLIN)
@@ -165,23 +200,20 @@ class StageHost:
         for fd in wake_fds:
             poller.register(fd, zmq.POLLIN)
         poller.register(self.releases.read_fd, zmq.POLLIN)
-        next_expiry = time.monotonic() + 1.0
-        while self.running:
-            for sock_or_fd, _ in poller.poll(timeout=200):
-                if sock_or_fd is sub:
-                    self._on_broadcast(m.decode(sub.recv()))
-                elif sock_or_fd in wake_fds:
-                    self._on_emits(wake_fds[sock_or_fd])
-                elif sock_or_fd == self.releases.read_fd:
-                    self._send_acks()
-                else:
-                    self._on_inbox(self.inboxes[sock_or_fd], m.decode(sock_or_fd.recv()))
-                if not self.running:
-                    break
-            if time.monotonic() >= next_expiry:
-                self._expire_blocks()
-                next_expiry = time.monotonic() + 1.0
-        self._close()
+        poller.register(self.progress.wake_fd, zmq.POLLIN)
+        return poller, wake_fds
+
+    def _on_ready(self, sock_or_fd: zmq.Socket | int, sub: zmq.Socket, wake_fds: dict[int, str]) -> None:
+        if sock_or_fd is sub:
+            self._on_broadcast(m.decode(sub.recv()))
+        elif sock_or_fd in wake_fds:
+            self._on_emits(wake_fds[sock_or_fd])
+        elif sock_or_fd == self.releases.read_fd:
+            self._send_acks()
+        elif sock_or_fd == self.progress.wake_fd:
+            self.progress.on_wake()
+        else:
+            self._on_inbox(self.inboxes[sock_or_fd], m.decode(sock_or_fd.recv()))
 
     def _on_broadcast(self, msg: m.Message) -> None:
         if isinstance(msg, m.Abort):
@@ -189,6 +221,7 @@ class StageHost:
         elif isinstance(msg, m.Hello):
             self._send(COORDINATOR, m.Ready(stages=list(self.stages), pid=os.getpid(), epoch=msg.epoch))
         elif isinstance(msg, m.StatsQuery):
+            self.progress.flush()  # a stats reply is a sync point: no report still held back
             for name in self.stages:
                 self._send(COORDINATOR, self._stats(name, msg.query_id))
         elif isinstance(msg, m.PeerRestarted):
@@ -240,25 +273,40 @@ class StageHost:
         except ValueError as exc:
             self._fail(hosted, rid, str(exc))
             return
-        for item in items:
-            hosted.scheduler.inbox.put(item)
+        if threading.get_ident() == self._io_thread:
+            self._handoffs.extend((hosted.scheduler, item) for item in items)
+        else:
+            for item in items:
+                hosted.scheduler.inbox.put(item)
         if first:
             hosted.counters["admitted"] += 1
-            self._send(COORDINATOR, m.Progress(request_id=rid, stage=shell.name, event="admitted"))
+            self._report(rid, shell.name, "admitted")
 
     # -- data out -----------------------------------------------------------------------------
+    def _take_emit(self, stage: str, emit: Emit) -> bool:
+        """Ship an emit in the scheduler thread that made it; a crash report is left to the
+        I/O thread, which ends the process."""
+        if emit.request_id == "*":
+            return False
+        with self.lock:
+            if not self._closed:
+                self._on_emit(self.stages[stage], emit)
+        return True
+
     def _on_emits(self, stage: str) -> None:
         hosted = self.stages[stage]
         for emit in hosted.scheduler.outbox.drain():
             if emit.request_id == "*":
                 log.error("%s", emit.error)
                 raise SystemExit(1)  # the supervisor restarts this process
-            if emit.request_id in self.tombstones:
-                hosted.counters["dropped_late"] += 1  # aborted while its step ran
-                continue
-            if emit.error is not None:
-                self._fail(hosted, emit.request_id, emit.error)
-                continue
+            self._on_emit(hosted, emit)
+
+    def _on_emit(self, hosted: _HostedStage, emit: Emit) -> None:
+        if emit.request_id in self.tombstones:
+            hosted.counters["dropped_late"] += 1  # aborted while its step ran
+        elif emit.error is not None:
+            self._fail(hosted, emit.request_id, emit.error)
+        else:
             self._route(hosted, emit)
 
     def _route(self, hosted: _HostedStage, emit: Emit) -> None:
@@ -300,8 +348,14 @@ class StageHost:
                                             eos=True, payload=None, sent_ns=time.monotonic_ns(), error=error))
         self._abort(rid)
 
+    def _hand_off(self) -> None:
+        for scheduler, item in self._handoffs:
+            scheduler.inbox.put(item)
+        self._handoffs.clear()
+
     def _abort(self, rid: str) -> None:
         self._tombstone(rid)
+        self._handoffs = [(s, item) for s, item in self._handoffs if item.request_id != rid]
         for hosted in self.stages.values():
             hosted.counters["aborted"] += hosted.shell.knows(rid)
             hosted.outlet.drop_request(rid)
@@ -311,7 +365,11 @@ class StageHost:
     def _release(self, hosted: _HostedStage, rid: str) -> None:
         hosted.counters["finished"] += 1
         hosted.shell.finish(rid)
-        self._send(COORDINATOR, m.Progress(request_id=rid, stage=hosted.shell.name, event="released"))
+        self._report(rid, hosted.shell.name, "released")
+
+    def _report(self, rid: str, stage: str, event: str) -> None:
+        self.progress.add(m.Progress(request_id=rid, stage=stage, event=event),
+                          from_io_thread=threading.get_ident() == self._io_thread)
 
     def _tombstone(self, rid: str) -> None:
         self.tombstones[rid] = None
@@ -327,20 +385,24 @@ class StageHost:
             "relay_blocks_in": hosted.reader.blocks_held,
             "pending_sends": hosted.outlet.waiting,
             "buffered_inputs": hosted.shell.buffered_items(),
-            "inbox_items": hosted.scheduler.inbox.qsize(),
+            "inbox_items": hosted.scheduler.inbox.qsize() + sum(s is hosted.scheduler for s, _ in self._handoffs),
+            "progress_reports": self.progress.pending(name),
             **hosted.scheduler.resources(),
         }
         return m.StageStats(query_id=query_id, stage=name, pid=os.getpid(), live_requests=len(live),
                             resources=resources, counters=dict(hosted.counters), request_ids=sorted(live)[:50])
 
     def _close(self) -> None:
-        for hosted in self.stages.values():
+        with self.lock:
+            self._closed = True
+        for hosted in self.stages.values():  # without the lock: a scheduler may be waiting for it
             hosted.scheduler.stop()
             hosted.reader.close()
             hosted.outlet.close()
         for sock in [*self.inboxes, *self.pushes.values(), self.sub]:
             if sock is not None:
                 sock.close(linger=0)
+        self.progress.close()
         self.ctx.term()
 
 

@@ -66,25 +66,34 @@ def build_join(stage: StageConfig, ctx: object):
 
 
 def build_blob_source(stage: StageConfig, ctx: object):
-    """Emits a blob of ``params['nbytes']`` bytes stamped with its send time (relay bench)."""
+    """Emits a blob of ``params['nbytes']`` bytes per input, numbered, stamped with its send time
+    (relay bench); ``delay_ms`` stands for compute before it."""
+    delay = float(stage.args.get("delay_ms", 0)) / 1000
 
     def source(items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
+        if delay:
+            time.sleep(delay)
         out = []
-        for item in items:
+        for item, state in zip(items, states):
+            state["sent"] = state.get("sent", 0) + 1
             blob = np.full(int(item.params["nbytes"]), 7, dtype=np.uint8)
-            out.append([{"blob": blob, "t0": time.monotonic_ns()}])
+            out.append([{"blob": blob, "index": state["sent"] - 1, "t0": time.monotonic_ns()}])
         return out
 
     return source
 
 
 def build_blob_sink(stage: StageConfig, ctx: object):
-    """Reports how long the blob took to arrive, and checks its bytes."""
+    """Reports how long the blob took to arrive, and checks its bytes; ``delay_ms`` stands for
+    compute after that."""
+    delay = float(stage.args.get("delay_ms", 0)) / 1000
 
     def sink(items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
+        arrived = time.monotonic_ns()
+        if delay:
+            time.sleep(delay)
         out = []
         for item in items:
-            arrived = time.monotonic_ns()
             blob = item.data["blob"]
             intact = bool(blob.size == 0 or (blob[0] == 7 and blob[-1] == 7))
             out.append([{"hop_ns": arrived - item.data["t0"], "nbytes": int(blob.size), "intact": intact}])

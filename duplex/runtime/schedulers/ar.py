@@ -146,7 +146,7 @@ class ARScheduler(Scheduler):
 
     def start(self) -> None:
         if self._executor is not None:
-            # Compute (worker) and shipping (this loop, the stage's I/O thread) share the GIL.
+            # Compute (worker) and shipping (this loop thread ships its own outputs) share the GIL.
             # Tiny CPU models run mostly Python between torch ops, so at the default 5 ms switch
             # interval a step in flight delays the previous step's outputs by up to 5 ms per
             # hand-off; 0.5 ms bounds that at a negligible switching cost.
@@ -178,6 +178,8 @@ class ARScheduler(Scheduler):
 
     def _intake(self, block: bool) -> bool:
         while True:
+            if not block and self.inbox.empty():  # only this thread takes from it; no exception
+                return not self._stopping.is_set()
             try:
                 entry = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             except queue.Empty:

@@ -1,0 +1,80 @@
+"""Progress reports (a stage admitted or released a request), held back a moment and sent together.
+
+A report sent at once wakes the coordinator in the middle of the hop that caused it, and on a
+small box the coordinator then competes for a core with the very stages moving the data. The
+coordinator only needs them to set a request's status and, when a stage dies, to know which
+requests it had already passed on (a stage that dies within ``HOLD_S`` of passing a request on
+fails it too); neither needs them within milliseconds. Holding them ``HOLD_S`` sends one burst
+per busy stretch instead of two messages per hop, so a burst rarely lands in a hop either.
+
+The I/O loop owns the buffer: it polls ``wake_fd`` (calling ``on_wake`` when it is readable),
+asks ``poll_timeout_ms`` how long it may sleep, and calls ``flush_due`` after each wake-up.
+``add`` may be called from any thread under the host's lock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from duplex.runtime.messages import Progress, ProgressReports
+
+HOLD_S = 0.02  # how long a report may wait for company
+
+
+class ProgressBuffer:
+    def __init__(self, send: Callable[[ProgressReports], None], hold_s: float = HOLD_S) -> None:
+        self._send = send
+        self._hold_s = hold_s
+        self._items: list[Progress] = []
+        self._due: float | None = None
+        self.wake_fd, self._write_fd = os.pipe()
+        os.set_blocking(self.wake_fd, False)
+        os.set_blocking(self._write_fd, False)
+
+    def add(self, report: Progress, from_io_thread: bool) -> None:
+        self._items.append(report)
+        if self._due is not None:
+            return
+        self._due = time.monotonic() + self._hold_s
+        if not from_io_thread:  # the I/O loop may be asleep for long: it must learn the deadline
+            try:
+                os.write(self._write_fd, b"\0")
+            except BlockingIOError:
+                pass  # a wake-up is pending already
+
+    def poll_timeout_ms(self, idle_ms: int) -> int:
+        if self._due is None:
+            return idle_ms
+        return max(0, min(idle_ms, int((self._due - time.monotonic()) * 1000) + 1))
+
+    def flush_due(self) -> None:
+        """Send everything once the oldest report has waited long enough."""
+        if self._due is not None and time.monotonic() >= self._due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send everything now (before a stats reply, so the coordinator's books are current)."""
+        if not self._items:
+            return
+        items, self._items, self._due = self._items, [], None
+        self._send(ProgressReports(reports=items))
+
+    def pending(self, stage: str) -> int:
+        return sum(report.stage == stage for report in self._items)
+
+    def on_wake(self) -> None:
+        """A scheduler thread added a report: empty the pipe (the loop now knows the deadline)."""
+        try:
+            while os.read(self.wake_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        for fd in (self.wake_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
