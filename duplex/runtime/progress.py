@@ -14,11 +14,11 @@ asks ``poll_timeout_ms`` how long it may sleep, and calls ``flush_due`` after ea
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
 from duplex.runtime.messages import Progress, ProgressReports
+from duplex.runtime.wakeup import WakePipe
 
 HOLD_S = 0.02  # how long a report may wait for company
 
@@ -29,9 +29,8 @@ class ProgressBuffer:
         self._hold_s = hold_s
         self._items: list[Progress] = []
         self._due: float | None = None
-        self.wake_fd, self._write_fd = os.pipe()
-        os.set_blocking(self.wake_fd, False)
-        os.set_blocking(self._write_fd, False)
+        self._wake = WakePipe()
+        self.wake_fd = self._wake.fd
 
     def add(self, report: Progress, from_io_thread: bool) -> None:
         self._items.append(report)
@@ -39,10 +38,7 @@ class ProgressBuffer:
             return
         self._due = time.monotonic() + self._hold_s
         if not from_io_thread:  # the I/O loop may be asleep for long: it must learn the deadline
-            try:
-                os.write(self._write_fd, b"\0")
-            except BlockingIOError:
-                pass  # a wake-up is pending already
+            self._wake.wake()
 
     def poll_timeout_ms(self, idle_ms: int) -> int:
         if self._due is None:
@@ -66,15 +62,7 @@ class ProgressBuffer:
 
     def on_wake(self) -> None:
         """A scheduler thread added a report: empty the pipe (the loop now knows the deadline)."""
-        try:
-            while os.read(self.wake_fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._wake.clear()
 
     def close(self) -> None:
-        for fd in (self.wake_fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._wake.close()

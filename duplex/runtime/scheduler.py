@@ -11,13 +11,14 @@ so a step in flight never has its state freed under it.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from duplex.runtime.wakeup import WakePipe
 
 CLIENT = "client"  # the ``source`` of inputs that come from the coordinator (user audio, text)
 
@@ -63,14 +64,12 @@ class Outbox:
 
     def __init__(self) -> None:
         self._items: deque[Emit] = deque()
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._read_fd, False)
-        os.set_blocking(self._write_fd, False)
+        self._wake = WakePipe()
         self._taker: Callable[[Emit], bool] | None = None
 
     @property
     def wake_fd(self) -> int:
-        return self._read_fd
+        return self._wake.fd
 
     def take_in_caller(self, taker: Callable[[Emit], bool]) -> None:
         """From now on ``put`` hands each emit to ``taker`` in the putting thread (so ``put`` may
@@ -83,28 +82,17 @@ class Outbox:
         if taker is not None and taker(emit):
             return
         self._items.append(emit)
-        try:
-            os.write(self._write_fd, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups already; the reader will drain everything
+        self._wake.wake()
 
     def drain(self) -> list[Emit]:
-        try:
-            while os.read(self._read_fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._wake.clear()
         items = []
         while self._items:
             items.append(self._items.popleft())
         return items
 
     def close(self) -> None:
-        for fd in (self._read_fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._wake.close()
 
 
 class Scheduler(ABC):

@@ -36,6 +36,7 @@ from duplex.runtime.relay import Outlet, RelayReader, RelayWriter
 from duplex.runtime.scheduler import CLIENT, Emit, Scheduler, WorkItem
 from duplex.runtime.schedulers import make_scheduler
 from duplex.runtime.stage import COORDINATOR, StageShell
+from duplex.runtime.wakeup import WakePipe
 
 log = logging.getLogger("duplex.stage")
 TOMBSTONE_LIMIT = 20000
@@ -75,23 +76,14 @@ class _ReleaseQueue:
 
     def __init__(self) -> None:
         self.items: deque[tuple[str, int]] = deque()
-        self.read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self.read_fd, False)
-        os.set_blocking(self._write_fd, False)
+        self.wake = WakePipe()
 
     def put(self, producer: str, block_id: int) -> None:
         self.items.append((producer, block_id))
-        try:
-            os.write(self._write_fd, b"\0")
-        except (BlockingIOError, OSError):
-            pass
+        self.wake.wake()
 
     def drain(self) -> dict[str, list[int]]:
-        try:
-            while os.read(self.read_fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self.wake.clear()
         grouped: dict[str, list[int]] = defaultdict(list)
         while self.items:
             producer, block_id = self.items.popleft()
@@ -199,7 +191,7 @@ class StageHost:
         wake_fds = {h.scheduler.outbox.wake_fd: name for name, h in self.stages.items()}
         for fd in wake_fds:
             poller.register(fd, zmq.POLLIN)
-        poller.register(self.releases.read_fd, zmq.POLLIN)
+        poller.register(self.releases.wake.fd, zmq.POLLIN)
         poller.register(self.progress.wake_fd, zmq.POLLIN)
         return poller, wake_fds
 
@@ -208,7 +200,7 @@ class StageHost:
             self._on_broadcast(m.decode(sub.recv()))
         elif sock_or_fd in wake_fds:
             self._on_emits(wake_fds[sock_or_fd])
-        elif sock_or_fd == self.releases.read_fd:
+        elif sock_or_fd == self.releases.wake.fd:
             self._send_acks()
         elif sock_or_fd == self.progress.wake_fd:
             self.progress.on_wake()
