@@ -3,8 +3,8 @@
 Input: the ASR stage's final output ``{"user_text": ..., "user_text_final": True}`` (or a
 client's ``{"text": ...}``). Interim transcripts (``user_text_final: False``) arriving while the
 user speaks are prefilled ahead (K/V only, nothing is said), so the end of the turn computes only
-the tokens the final transcript changed. The prompt is the persona (its KV computed once and copied into the
-slot), the session's history within ``history_budget`` tokens, and the new user line. The turn
+the tokens the final transcript changed. The prompt is the persona (its KV computed once and
+copied into the slot), the session's history within ``history_budget`` tokens, and the new user line. The turn
 ends at the first line break (the few-shot examples teach one line per turn), an end token, or
 ``max_new_tokens``. Output: ``{"text": delta}`` chunks as tokens resolve; the eos emit carries
 the whole reply as ``{"text": "", "reply": ...}``. Finished turns join the session's history;
