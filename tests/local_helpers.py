@@ -9,11 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from duplex.audio import resample
 from duplex.config.pipeline import StageConfig
 from duplex.models.local.assets import piper_voice_paths
-from duplex.models.local.audio import resample
 from duplex.models.local.tts import PiperSynth
+from duplex.runtime.contract import AgentText, BuildContext, CallerAudio, Heard, Transcript, TurnRequest
 from duplex.runtime.scheduler import Emit, Scheduler, WorkItem
+from duplex.session.config import VadConfig
+from duplex.session.vad import FrameClassifier
 
 ORDER = "I would like a bubble tea with less ice."
 
@@ -26,7 +29,7 @@ def speak(text: str, rate: int = 16000) -> np.ndarray:
 
 def word_recall(expected: str, heard: str) -> float:
     """Share of the expected words found in what was heard (order-free, punctuation-free)."""
-    clean = lambda text: "".join(c if c.isalnum() or c.isspace() else " " for c in text.lower()).split()  # noqa: E731
+    clean = lambda text: "".join(c if c.isalnum() or c.isspace() else " " for c in text.lower()).split()
     wanted, got = clean(expected), set(clean(heard))
     return sum(word in got for word in wanted) / max(len(wanted), 1)
 
@@ -40,11 +43,27 @@ def silence(seconds: float, rate: int = 16000) -> np.ndarray:
     return np.zeros(int(seconds * rate), np.float32)
 
 
-class Ctx:
+def Ctx(stage: StageConfig, memory_bytes: int | None, threads: int = 1) -> BuildContext:
     """The BuildContext a stage host passes to a builder."""
+    return BuildContext(stage=stage.name, args=dict(stage.args), memory_bytes=memory_bytes, threads=threads,
+                        max_running_requests=getattr(stage.scheduler, "max_running_requests", 1))
 
-    def __init__(self, stage: StageConfig, memory_bytes: int | None, threads: int = 1) -> None:
-        self.stage, self.device, self.memory_bytes, self.threads = stage, "cpu", memory_bytes, threads
+
+def caller_audio(pieces: list[np.ndarray], vad: VadConfig | None = None) -> list[CallerAudio]:
+    """Float 16 kHz chunks as the session feeds them: whole VAD frames, each with the session's
+    classifier's verdict (one classifier over the whole stream, as in a session)."""
+    vad = vad or VadConfig()
+    classifier = FrameClassifier(vad)
+    frame = classifier.frame_samples
+    out, carry = [], np.zeros(0, np.float32)
+    for piece in pieces:
+        audio = np.concatenate([carry, np.asarray(piece, np.float32)])
+        whole = len(audio) - len(audio) % frame
+        carry = audio[whole:]
+        pcm = (np.clip(audio[:whole], -1, 1) * 32767).astype(np.int16)
+        voiced = [classifier.is_voiced(pcm[i:i + frame]) for i in range(0, whole, frame)]
+        out.append(CallerAudio(audio[:whole], voiced, vad.frame_ms))
+    return out
 
 
 def collect(scheduler: Scheduler, request_ids: set[str], timeout: float = 120.0) -> dict[str, list[Emit]]:
@@ -57,9 +76,9 @@ def collect(scheduler: Scheduler, request_ids: set[str], timeout: float = 120.0)
         if remaining <= 0:
             raise AssertionError(f"requests {sorted(open_ids)} did not finish within {timeout}s")
         select.select([scheduler.outbox.wake_fd], [], [], min(remaining, 0.5))
+        if scheduler.outbox.crash is not None:
+            raise AssertionError(f"scheduler crashed: {scheduler.outbox.crash}")
         for emit in scheduler.outbox.drain():
-            if emit.request_id == "*":
-                raise AssertionError(f"scheduler crashed: {emit.error}")
             emits.setdefault(emit.request_id, []).append(emit)
             if emit.eos or emit.error:
                 open_ids.discard(emit.request_id)
@@ -74,14 +93,14 @@ def wait_until(check, timeout: float = 10.0, what: str = "condition") -> None:
         time.sleep(0.005)
 
 
-def user_turn(request_id: str, text: str, session_id: str, **params: Any) -> WorkItem:
+def user_turn(request_id: str, text: str, session_id: str, heard: Heard | None = None, **fields: Any) -> WorkItem:
     """What the asr stage hands the thinker at the end of a user turn."""
-    return WorkItem(request_id, "asr", {"user_text": text, "user_text_final": True}, eos=True,
-                    params={"session_id": session_id, **params})
+    return WorkItem(request_id, "asr", Transcript(text, final=True), eos=True,
+                    params=TurnRequest(session_id=session_id, heard=heard, **fields))
 
 
 def reply_text(emits: list[Emit]) -> str:
-    return "".join(e.data["text"] for e in emits if not e.eos and e.data and "text" in e.data)
+    return "".join(e.data.text for e in emits if isinstance(e.data, AgentText))
 
 
 def gemma_thinker_stage(max_new_tokens: int) -> StageConfig:
@@ -93,7 +112,7 @@ def gemma_thinker_stage(max_new_tokens: int) -> StageConfig:
 def build_gemma_thinker(stage: StageConfig):
     from duplex.models.local.stages import build_thinker
 
-    return build_thinker(stage, Ctx(stage, memory_bytes=2 * 2**30))
+    return build_thinker(Ctx(stage, memory_bytes=2 * 2**30))
 
 
 def running_ar_scheduler(stage: StageConfig, runner):

@@ -13,7 +13,7 @@ from duplex.runtime.lifecycle import StopSignals
 async def main() -> None:
     stop = StopSignals()
     async with Coordinator(load_pipeline(sys.argv[1]), BUILDERS) as coord:
-        handle = coord.submit({}, {"text": "warm up"}, eos=True)
+        handle = coord.submit(data={"text": "warm up"}, eos=True)
         await handle.collect()
         pids = [view.pid for view in (await coord.stats()).values()]
         print(json.dumps({"run_id": coord.run_id, "pids": pids, "run_dir": coord.procs.run_dir}), flush=True)

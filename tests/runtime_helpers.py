@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from duplex.config import pipeline_from_dict
 from duplex.models.registry import BUILDERS

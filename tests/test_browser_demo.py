@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from duplex.edge.harness import ServerProcess, espeak, write_wav
+from duplex_tools.harness import ServerProcess, espeak, write_wav
 
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
@@ -22,7 +22,7 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(["--config", "configs/toy-voice.yaml", "--port", "0", "--ice-loopback"]) as proc:
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback"]) as proc:
         yield proc
     assert proc.stop() == 0
 

@@ -4,6 +4,7 @@ import sys
 import pytest
 
 from duplex.config import ConfigError, check_pipeline, load_pipeline, pipeline_from_dict
+from duplex.config.loader import resolve_config_path
 from duplex.models.registry import BUILDERS
 
 
@@ -15,7 +16,7 @@ def two_stages(**first) -> dict:
 
 
 def test_yaml_loads_with_dotted_overrides():
-    cfg = load_pipeline("configs/toy.yaml", ["--upper.max_batch_size", "4", "--split.threads=2",
+    cfg = load_pipeline("toy", ["--upper.max_batch_size", "4", "--split.threads=2",
                                              "--relay.credits_per_peer", "8"])
     assert cfg.stage("upper").scheduler.max_batch_size == 4
     assert cfg.stage("split").threads == 2
@@ -24,8 +25,18 @@ def test_yaml_loads_with_dotted_overrides():
     assert cfg.upstreams("upper") == ["split"]
 
 
-def test_named_config_resolves_from_configs_dir():
+def test_named_config_resolves_to_the_bundled_file_and_a_path_still_works(tmp_path, monkeypatch):
+    bundled = resolve_config_path("toy")
+    assert bundled.is_file() and bundled.parent.name == "configs" and bundled.parent.parent.name == "duplex"
+    own = tmp_path / "mine.yaml"
+    own.write_text(bundled.read_text().replace("name: toy", "name: mine"))
+    assert load_pipeline(own).name == "mine"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "toy").mkdir()  # a folder of that name in the working directory does not shadow the name
     assert load_pipeline("toy").name == "toy"
+    assert load_pipeline("mine.yaml").name == "mine"
+    with pytest.raises(ConfigError, match="bundled configs: local, omni-tiny, toy, toy-voice"):
+        load_pipeline("no-such-pipeline")
 
 
 @pytest.mark.parametrize("overrides, fragment", [
@@ -35,7 +46,7 @@ def test_named_config_resolves_from_configs_dir():
 ])
 def test_bad_overrides_name_the_key(overrides, fragment):
     with pytest.raises(ConfigError) as err:
-        load_pipeline("configs/toy.yaml", overrides)
+        load_pipeline("toy", overrides)
     assert fragment in str(err.value)
 
 
@@ -94,11 +105,12 @@ def test_bytes_budget_on_unknown_device_size_is_refused():
 
 
 def test_check_config_command(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "duplex.cli", "check-config", "configs/toy.yaml"],
-                        capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "duplex.cli", "check-config", "toy"],
+                        capture_output=True, text=True, cwd=tmp_path, check=False)
     assert ok.returncode == 0, ok.stderr
     assert "ok: toy" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "duplex.cli", "check-config", "configs/toy.yaml",
-                          "--split.memory", "0.8", "--upper.memory", "0.3"], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "duplex.cli", "check-config", "toy",
+                          "--split.memory", "0.8", "--upper.memory", "0.3"],
+                         capture_output=True, text=True, check=False)
     assert bad.returncode == 2
     assert "oversubscribed" in bad.stderr and "split=80%" in bad.stderr

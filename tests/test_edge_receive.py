@@ -41,6 +41,6 @@ async def test_an_audio_receiver_gets_the_arrival_order_buffer():
     try:
         receiver = pc.addTransceiver("audio").receiver
         assert receive_on_arrival(receiver)
-        assert isinstance(getattr(receiver, "_RTCRtpReceiver__jitter_buffer"), ArrivalOrderAudioBuffer)
+        assert isinstance(receiver._RTCRtpReceiver__jitter_buffer, ArrivalOrderAudioBuffer)
     finally:
         await pc.close()

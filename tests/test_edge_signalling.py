@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from aiortc import RTCPeerConnection
 
-from duplex.edge.client import RealtimeClient
-from duplex.edge.harness import ServerProcess, espeak
 from duplex.edge.rtc_options import rtc_configuration
+from duplex_tools.client import RealtimeClient
+from duplex_tools.harness import ServerProcess, espeak
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 MAX_SESSIONS = 2
@@ -24,7 +24,7 @@ MAX_SESSIONS = 2
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(["--config", "configs/toy-voice.yaml", "--port", "0", "--ice-loopback",
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback",
                         "--max-sessions", str(MAX_SESSIONS)]) as proc:
         yield proc
     assert proc.stop() == 0
@@ -94,7 +94,8 @@ async def test_size_and_content_type_limits(server):
     reply = await post_offer(server.url, json.dumps({"sdp": "v=0"}), "application/json")
     assert reply.status_code == 415 and "application/sdp" in error_message(reply)
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
-        reply = await http.post("/v1/realtime/calls", files={"sdp": (None, await offer_sdp()), "session": (None, "{nope")})
+        reply = await http.post("/v1/realtime/calls",
+                                files={"sdp": (None, await offer_sdp()), "session": (None, "{nope")})
         assert reply.status_code == 400 and "'session' field" in error_message(reply)
         reply = await http.post("/v1/realtime/calls", files={"session": (None, "{}")})
         assert reply.status_code == 400 and "no 'sdp' field" in error_message(reply)
@@ -123,8 +124,9 @@ async def test_full_server_answers_503_then_recovers(server):
 
 async def test_multipart_offer_applies_session_settings(server):
     client = RealtimeClient(server.url)
+    turn_detection = {"type": "server_vad", "silence_duration_ms": 700}
     await client.connect(session={"type": "realtime", "instructions": "be brief",
-                                  "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 700}}}})
+                                  "audio": {"input": {"turn_detection": turn_detection}}})
     try:
         created = client.of_type("session.created")[0]["session"]
         assert created["instructions"] == "be brief"
@@ -142,7 +144,8 @@ async def test_bad_data_channel_events_get_error_events_and_the_session_survives
             json.dumps({"type": "session.explode"}): "unknown_event",
             json.dumps({"event_id": "e1"}): "missing_type",
             json.dumps({"type": "conversation.item.truncate", "item_id": 5, "audio_end_ms": 1}): "invalid_event",
-            json.dumps({"type": "session.update", "session": {"turn_detection": {"threshold": 7}}}): "invalid_session_settings",
+            json.dumps({"type": "session.update", "session": {"turn_detection": {"threshold": 7}}}):
+                "invalid_session_settings",
             json.dumps({"type": "response.cancel"}): "response_cancel_not_active",
             json.dumps({"type": "response.create", "pad": "x" * 70000}): "event_too_large",
         }

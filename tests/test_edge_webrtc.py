@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from duplex.edge.client import RealtimeClient
-from duplex.edge.harness import ServerProcess, espeak
-from duplex.edge.probes import ask, barge_in, hear, next_response
+from duplex_tools.client import RealtimeClient
+from duplex_tools.harness import ServerProcess, espeak
+from duplex_tools.probes import ask, barge_in, hear, next_response
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 BARGE_IN_BUDGET_MS = 200
@@ -24,7 +24,7 @@ BARGE_IN_BUDGET_MS = 200
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(["--config", "configs/toy-voice.yaml", "--port", "0", "--ice-loopback",
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback",
                         "--max-sessions", "4"]) as proc:
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
@@ -122,7 +122,8 @@ async def test_barge_in_stops_agent_audio_within_budget(server, question, interr
         stops = [round(r.stop_ms) for r in results]
         print(f"\nbarge-in stop at the client: {stops} ms; server onset -> flush: {[r.server_ms for r in results]} ms")
         assert sorted(stops)[1] <= BARGE_IN_BUDGET_MS and max(stops) <= 2 * BARGE_IN_BUDGET_MS
-        done = await client.wait_event("response.done", timeout=15, after=client.time_of(client.of_type("response.created")[-1]))
+        created_at = client.time_of(client.of_type("response.created")[-1])
+        done = await client.wait_event("response.done", timeout=15, after=created_at)
         assert done["response"]["id"] == response_id and done["response"]["status"] == "completed"
         final = await wait_for_stats(server.url, all_idle)
         # Each barge-in reached the talker while it was still producing, and freed it there.

@@ -4,14 +4,14 @@ fp16-weight linears, which tokens count as speakable, and what the speakable hea
 from __future__ import annotations
 
 import torch
-
 from torch import nn
 
 from duplex.models.local.fast_layers import SpeakableHead, speakable_token_ids, use_fp16_weights
 
 
 def test_speakable_tokens_are_english_words_digits_punctuation_and_the_stops():
-    pieces = ["<pad>", "<eos>", "\u2581Hello", ",", "\u2581caf\u00e9", "\u3053\u3093", "\n", "\u2581$5", "{", None, "<b>"]
+    pieces = ["<pad>", "<eos>", "\u2581Hello", ",", "\u2581caf\u00e9", "\u3053\u3093", "\n", "\u2581$5", "{", None,
+              "<b>"]
     assert speakable_token_ids(pieces, always={1}) == [1, 2, 3, 6, 7]
 
 
@@ -40,7 +40,8 @@ def test_the_int8_speakable_head_stays_close_to_fp32():
 
 def test_fp16_weights_replace_every_linear_and_keep_fp32_results_close():
     torch.manual_seed(0)
-    block = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Sequential(nn.Linear(128, 32, bias=False), nn.LayerNorm(32)))
+    block = nn.Sequential(nn.Linear(64, 128), nn.GELU(),
+                          nn.Sequential(nn.Linear(128, 32, bias=False), nn.LayerNorm(32)))
     x = torch.randn(3, 64)
     exact = block(x)
     half = use_fp16_weights(block)

@@ -1,8 +1,8 @@
 """The local thinker's history keeps only what the caller heard; a hang-up frees the session.
 
 Pure parts first (no weights): the heard share of a reply, history edits, trimming cached K/V.
-Then the real Gemma thinker under the real ``ar`` scheduler, driven by request params as the
-session sends them (``truncate``, ``supersedes``, ``session_end``)."""
+Then the real Gemma thinker under the real ``ar`` scheduler, driven by requests as the session
+sends them (``TurnRequest.heard``, ``TurnRequest.supersedes``, ``SessionEnd``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,17 @@ import torch
 from duplex.config.pipeline import StageConfig
 from duplex.models.local.conversation_cache import CachedConversation, ConversationCache
 from duplex.models.local.prompt import SessionHistory, heard_part
-from duplex.runtime.scheduler import WorkItem
-from tests.local_helpers import build_gemma_thinker, gemma_thinker_stage, running_ar_scheduler, ORDER, collect, user_turn, wait_until
+from duplex.runtime.contract import Heard, SessionEnd, Transcript, WorkItem
+from tests.local_helpers import (
+    ORDER,
+    build_gemma_thinker,
+    collect,
+    gemma_thinker_stage,
+    reply_text,
+    running_ar_scheduler,
+    user_turn,
+    wait_until,
+)
 
 REPLY = "Sure, one bubble tea with less ice. Would you like a regular or a large?"
 
@@ -78,9 +87,10 @@ def scheduler(thinker_stage, runner):
 
 def _reply(scheduler, item: WorkItem) -> str:
     scheduler.inbox.put(item)
-    final = collect(scheduler, {item.request_id})[item.request_id][-1]
+    emits = collect(scheduler, {item.request_id})[item.request_id]
+    final = emits[-1]
     assert final.eos and final.error is None, final
-    return final.data["reply"]
+    return reply_text(emits).strip()
 
 
 def _idle(scheduler, runner) -> bool:
@@ -98,8 +108,8 @@ def test_the_history_keeps_only_what_was_heard_and_a_hang_up_frees_it(scheduler,
     # Barge-in after 40% of h1's audio; the next turn carries what was heard.
     heard = heard_part(first, 1200, 3000, runner.settings.speech_chars_per_s)
     assert heard != first
-    cut = {"request_id": "h1", "audio_end_ms": 1200, "audio_ms": 3000}
-    _reply(scheduler, user_turn("h2", "Make it a large one.", session_id=session, truncate=cut))
+    cut = Heard(request_id="h1", audio_end_ms=1200, audio_ms=3000)
+    _reply(scheduler, user_turn("h2", "Make it a large one.", session_id=session, heard=cut))
     wait_until(lambda: _idle(scheduler, runner), what="slot release")
     history = runner.histories.get(session)
     assert history.turns[0] == (ORDER, heard)
@@ -116,7 +126,7 @@ def test_the_history_keeps_only_what_was_heard_and_a_hang_up_frees_it(scheduler,
     assert history.interrupted is not None and history.interrupted[0] == "h3"
     assert [u for u, _ in history.turns] == [ORDER, "Make it a large one."]
     _reply(scheduler, user_turn("h4", "Taro, please.", session_id=session,
-                                truncate={"request_id": "h3", "audio_end_ms": 0, "audio_ms": None}))
+                                heard=Heard(request_id="h3", audio_end_ms=0)))
     wait_until(lambda: _idle(scheduler, runner), what="slot release")
     assert history.turns[2] == ("What flavors do you have?", "...")
 
@@ -130,8 +140,7 @@ def test_the_history_keeps_only_what_was_heard_and_a_hang_up_frees_it(scheduler,
 
     # Hang-up: the session's history and cached K/V go; nothing else is held.
     sessions_before = len(runner.histories)
-    end = WorkItem("h-end", "asr", {"user_text": "", "user_text_final": True}, eos=True,
-                   params={"session_id": session, "session_end": True})
+    end = WorkItem("h-end", "asr", Transcript("", final=True), eos=True, params=SessionEnd(session_id=session))
     scheduler.inbox.put(end)
     assert collect(scheduler, {"h-end"})["h-end"][-1].eos
     wait_until(lambda: _idle(scheduler, runner), what="slot release")

@@ -9,14 +9,29 @@ import numpy as np
 import pytest
 import torch
 
+from duplex.audio import resample
 from duplex.config.pipeline import StageConfig
 from duplex.models.local import assets
 from duplex.models.local.asr import StreamingASR, WhisperTranscriber
-from duplex.models.local.audio import resample
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
 from duplex.models.local.stages import StreamingTTS, build_tts
-from duplex.runtime.scheduler import WorkItem
-from tests.local_helpers import build_gemma_thinker, gemma_thinker_stage, running_ar_scheduler, ORDER, Ctx, chunks, collect, reply_text, silence, speak, user_turn, wait_until, word_recall
+from duplex.runtime.contract import AgentAudio, AgentText, CallerAudio, Transcript, TurnRequest, WorkItem
+from tests.local_helpers import (
+    ORDER,
+    Ctx,
+    build_gemma_thinker,
+    caller_audio,
+    chunks,
+    collect,
+    gemma_thinker_stage,
+    reply_text,
+    running_ar_scheduler,
+    silence,
+    speak,
+    user_turn,
+    wait_until,
+    word_recall,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first fixture may convert Gemma (1-2 min)
 
@@ -46,15 +61,16 @@ def scheduler(thinker_stage, runner):
     yield from running_ar_scheduler(thinker_stage, runner)
 
 
-def _stream_asr(asr: StreamingASR, audio: np.ndarray) -> tuple[list[dict], int]:
-    """Feed 100 ms chunks as a session would; (emits in order, model calls made at eos)."""
+def _stream_asr(asr: StreamingASR, audio: np.ndarray) -> tuple[list[Transcript], int]:
+    """Feed 100 ms chunks as a session would (with its VAD's verdicts); (emits in order, model
+    calls made at eos)."""
     state: dict = {}
     emitted = []
-    pieces = chunks(audio)
+    pieces = caller_audio(chunks(audio))
     for index, piece in enumerate(pieces):
         eos = index == len(pieces) - 1
         calls_before = asr.calls
-        emitted += asr([WorkItem("r", "client", {"audio": piece, "sample_rate": 16000}, eos)], [state])[0]
+        emitted += asr([WorkItem("r", "client", piece, eos)], [state])[0]
     return emitted, asr.calls - calls_before
 
 
@@ -62,9 +78,9 @@ def _stream_asr(asr: StreamingASR, audio: np.ndarray) -> tuple[list[dict], int]:
 def test_asr_streams_partials_and_needs_no_call_after_trailing_silence(transcriber, order_audio):
     asr = StreamingASR(transcriber)
     emitted, calls_at_eos = _stream_asr(asr, np.concatenate([silence(0.3), order_audio, silence(0.5)]))
-    partials = [e["user_text"] for e in emitted if not e["user_text_final"]]
+    partials = [e.text for e in emitted if not e.final]
     final = emitted[-1]
-    assert final["user_text_final"] and "bubble tea" in final["user_text"].lower()
+    assert final.final and "bubble tea" in final.text.lower()
     assert len(partials) >= 2 and "bubble" in partials[-1].lower()
     assert calls_at_eos == 0  # the partial made as the speech settled is the final transcript
     assert asr.calls <= 6  # about one call per second of speech, not one per chunk
@@ -72,11 +88,9 @@ def test_asr_streams_partials_and_needs_no_call_after_trailing_silence(transcrib
 
 def test_asr_transcribes_the_tail_when_speech_runs_to_the_end(transcriber, order_audio):
     asr = StreamingASR(transcriber)
-    voiced = asr.vad.voiced_frames(order_audio)
-    speech_end = (len(voiced) - voiced[::-1].index(True)) * 480  # Piper pads its speech with silence
-    emitted, calls_at_eos = _stream_asr(asr, order_audio[:speech_end])
+    emitted, calls_at_eos = _stream_asr(asr, order_audio[:_speech_end(order_audio)])
     assert calls_at_eos == 1
-    assert "bubble tea" in emitted[-1]["user_text"].lower()
+    assert "bubble tea" in emitted[-1].text.lower()
 
 
 def test_asr_transcribes_a_tail_heard_after_a_partial_before_the_turn_ends(transcriber):
@@ -84,20 +98,34 @@ def test_asr_transcribes_a_tail_heard_after_a_partial_before_the_turn_ends(trans
     # the settled silence must trigger the last call, or the end of the turn waits for a whole one.
     asr = StreamingASR(transcriber)
     speech = speak("How much is a regular mango tea?")
-    voiced = asr.vad.voiced_frames(speech)
-    speech = speech[: (len(voiced) - voiced[::-1].index(True)) * 480]
+    speech = speech[: _speech_end(speech)]
     emitted, calls_at_eos = _stream_asr(asr, np.concatenate([silence(0.2), speech, silence(0.5)]))
     assert calls_at_eos == 0
-    assert "mango tea" in emitted[-1]["user_text"].lower()
+    assert "mango tea" in emitted[-1].text.lower()
 
 
-def test_asr_hears_nothing_in_silence_and_accepts_other_rates(transcriber):
+def _speech_end(audio: np.ndarray) -> int:
+    """Where the session's VAD hears the speech end (Piper pads its speech with silence)."""
+    (chunk,) = caller_audio([audio])
+    frame = len(chunk.samples) // len(chunk.voiced)
+    return (len(chunk.voiced) - chunk.voiced[::-1].index(True)) * frame
+
+
+def test_asr_hears_nothing_in_silence(transcriber):
     asr = StreamingASR(transcriber)
     emitted, _ = _stream_asr(asr, silence(1.5))
-    assert emitted == [{"user_text": "", "user_text_final": True}] and asr.calls == 0
+    assert emitted == [Transcript("", final=True)] and asr.calls == 0
+
+
+def test_asr_takes_the_sessions_vad_verdicts_and_runs_none_of_its_own(transcriber, order_audio):
+    # The same speech marked unvoiced throughout: no model call, nothing heard.
+    asr = StreamingASR(transcriber)
     state: dict = {}
-    asr([WorkItem("r", "client", {"audio": silence(1.0, 48000), "sample_rate": 48000}, False)], [state])
-    assert len(state["audio"]) == 16000
+    pieces = caller_audio(chunks(np.concatenate([order_audio, silence(0.5)])))
+    for index, piece in enumerate(pieces):
+        deaf = CallerAudio(piece.samples, [False] * len(piece.voiced), piece.frame_ms)
+        out = asr([WorkItem("r", "client", deaf, index == len(pieces) - 1)], [state])[0]
+    assert out == [Transcript("", final=True)] and asr.calls == 0
 
 
 # -- Gemma thinker: KV slots against transformers' own generate ---------------------------------
@@ -125,10 +153,9 @@ def test_thinker_replies_in_one_line_and_remembers_the_turn(scheduler, runner):
     scheduler.inbox.put(user_turn("t1", ORDER, session_id="remember"))
     emits = collect(scheduler, {"t1"})["t1"]
     final = emits[-1]
-    assert final.eos and final.error is None
-    reply = final.data["reply"]
+    assert final.eos and final.error is None and final.data is None
+    reply = reply_text(emits).strip()
     assert len(reply.split()) >= 3 and "\n" not in reply
-    assert reply_text(emits).strip() == reply
     wait_until(lambda: scheduler.resources()["kv_slots"] == 0 and runner.held()["open_rows"] == 0,
                what="slot release")
     assert runner.histories.get("remember").turns == [(ORDER, reply)]
@@ -139,19 +166,19 @@ def test_thinker_replies_in_one_line_and_remembers_the_turn(scheduler, runner):
 
 def test_a_next_turn_reuses_the_conversation_kv_and_replies_as_without_it(scheduler, runner):
     scheduler.inbox.put(user_turn("c1", "Can I get a taro milk tea?", session_id="cached"))
-    first = collect(scheduler, {"c1"})["c1"][-1].data["reply"]
+    first = _reply(collect(scheduler, {"c1"})["c1"])
     wait_until(lambda: len(runner.histories.get("cached").turns) == 1, what="turn recorded")
     assert runner.conversations.get("cached") is not None
 
     before = runner.prefilled_tokens
     scheduler.inbox.put(user_turn("c2", "Large, please.", session_id="cached"))
-    with_cache = collect(scheduler, {"c2"})["c2"][-1].data["reply"]
+    with_cache = _reply(collect(scheduler, {"c2"})["c2"])
     cached_prefill = runner.prefilled_tokens - before
 
     runner.histories.get("uncached").add("Can I get a taro milk tea?", first)  # same history, no KV
     before = runner.prefilled_tokens
     scheduler.inbox.put(user_turn("c3", "Large, please.", session_id="uncached"))
-    without_cache = collect(scheduler, {"c3"})["c3"][-1].data["reply"]
+    without_cache = _reply(collect(scheduler, {"c3"})["c3"])
     fresh_prefill = runner.prefilled_tokens - before
 
     assert with_cache == without_cache
@@ -164,17 +191,17 @@ def test_batched_rows_reply_exactly_as_alone(scheduler):
     alone = {}
     for rid, text in questions.items():
         scheduler.inbox.put(user_turn(f"solo-{rid}", text, session_id=f"solo-{rid}"))
-        alone[rid] = collect(scheduler, {f"solo-{rid}"})[f"solo-{rid}"][-1].data["reply"]
+        alone[rid] = _reply(collect(scheduler, {f"solo-{rid}"})[f"solo-{rid}"])
     for rid, text in questions.items():
         scheduler.inbox.put(user_turn(f"pair-{rid}", text, session_id=f"pair-{rid}"))
     together = collect(scheduler, {"pair-a", "pair-b"})
-    assert {rid: together[f"pair-{rid}"][-1].data["reply"] for rid in questions} == alone
+    assert {rid: _reply(together[f"pair-{rid}"]) for rid in questions} == alone
 
 
 def test_abort_mid_reply_frees_the_slot_and_keeps_history_clean(scheduler, runner):
     scheduler.inbox.put(user_turn("cut", "What flavors do you have?", session_id="cut", max_new_tokens=40))
     seen = []
-    wait_until(lambda: seen.extend(scheduler.outbox.drain()) or any(e.data and e.data.get("text") for e in seen),
+    wait_until(lambda: seen.extend(scheduler.outbox.drain()) or any(isinstance(e.data, AgentText) for e in seen),
                timeout=60, what="the first reply text")
     assert not any(e.eos for e in seen)
     scheduler.abort("cut")
@@ -187,23 +214,29 @@ def test_abort_mid_reply_frees_the_slot_and_keeps_history_clean(scheduler, runne
 
 def _interim(request_id: str, text: str, session_id: str) -> WorkItem:
     """What the asr stage streams to the thinker while the user is still speaking."""
-    return WorkItem(request_id, "asr", {"user_text": text, "user_text_final": False}, eos=False,
-                    params={"session_id": session_id})
+    return WorkItem(request_id, "asr", Transcript(text, final=False), eos=False,
+                    params=TurnRequest(session_id=session_id))
+
+
+def _reply(emits: list) -> str:
+    assert emits[-1].eos and emits[-1].error is None, emits[-1]
+    return reply_text(emits).strip()
 
 
 def test_interim_transcripts_are_prefilled_ahead_and_the_reply_is_unchanged(scheduler, runner):
     line = "How much is a regular mango tea?"
     scheduler.inbox.put(user_turn("cold", line, session_id="cold"))
-    cold = collect(scheduler, {"cold"})["cold"][-1].data["reply"]
+    cold = _reply(collect(scheduler, {"cold"})["cold"])
 
     warmed, prefilled = runner.warmed_tokens, runner.prefilled_tokens
     for partial in ("How much is a", "How much is a regular mango"):
         before = runner.warmed_tokens
         scheduler.inbox.put(_interim("warm", partial, session_id="warm"))
-        wait_until(lambda: runner.warmed_tokens > before, timeout=30, what=f"interim {partial!r} prefilled")
+        wait_until(lambda before=before: runner.warmed_tokens > before, timeout=30,
+                   what=f"interim {partial!r} prefilled")
     assert not scheduler.outbox.drain()  # nothing is said while the user speaks
     scheduler.inbox.put(user_turn("warm", line, session_id="warm"))
-    warm = collect(scheduler, {"warm"})["warm"][-1].data["reply"]
+    warm = _reply(collect(scheduler, {"warm"})["warm"])
 
     assert warm == cold
     whole_line = len(runner.model.encode(runner.persona.turn_text(line, None)))
@@ -214,7 +247,7 @@ def test_interim_transcripts_are_prefilled_ahead_and_the_reply_is_unchanged(sche
     scheduler.inbox.put(_interim("same", line, session_id="same"))
     wait_until(lambda: runner.warmed_tokens > before, timeout=30, what="interim prefilled")
     scheduler.inbox.put(user_turn("same", line, session_id="same"))  # the final says nothing new
-    assert collect(scheduler, {"same"})["same"][-1].data["reply"] == cold
+    assert _reply(collect(scheduler, {"same"})["same"]) == cold
     assert runner.prefilled_tokens == prefilled  # the interim step's token was the first token
 
     scheduler.inbox.put(_interim("gone", "Can I get a", session_id="gone"))
@@ -225,14 +258,14 @@ def test_interim_transcripts_are_prefilled_ahead_and_the_reply_is_unchanged(sche
 
 
 def test_bad_input_fails_its_request_only(scheduler):
-    scheduler.inbox.put(WorkItem("bad", "asr", "not a transcript", eos=True, params={"session_id": "x"}))
-    scheduler.inbox.put(WorkItem("empty", "asr", {"unrelated": 1}, eos=True, params={"session_id": "x"}))
+    scheduler.inbox.put(WorkItem("bad", "asr", "not a transcript", eos=True, params=TurnRequest(session_id="x")))
+    scheduler.inbox.put(WorkItem("empty", "asr", None, eos=True, params=TurnRequest(session_id="x")))
     scheduler.inbox.put(user_turn("huge", "tea " * 2000, session_id="z"))
     scheduler.inbox.put(user_turn("good", "Hi there.", session_id="y"))
     emits = collect(scheduler, {"bad", "empty", "huge", "good"})
-    assert "expected a dict" in emits["bad"][-1].error
-    assert "without any user text" in emits["empty"][-1].error
-    assert "fit the context" in emits["huge"][-1].error
+    assert "expected a Transcript" in emits["bad"][-1].error.message
+    assert "without any user text" in emits["empty"][-1].error.message
+    assert "fit the context" in emits["huge"][-1].error.message
     assert emits["good"][-1].eos and emits["good"][-1].error is None
     wait_until(lambda: scheduler.resources()["kv_slots"] == 0, what="slots free")
 
@@ -242,7 +275,8 @@ def test_history_is_trimmed_to_the_token_budget(runner):
     for i in range(40):
         runner.histories.get(session).add(f"Question number {i} about the menu?", f"Answer number {i}, thanks.")
     prompt = runner.prompt_tokens(session, "And one more?")
-    total = len(runner.prompt_tokens("fresh-session", "x")) - len(runner.model.encode(runner.persona.turn_text("x", None)))
+    line_only = len(runner.model.encode(runner.persona.turn_text("x", None)))
+    total = len(runner.prompt_tokens("fresh-session", "x")) - line_only
     assert total == 0
     budget = runner.settings.history_budget
     prefix = len(runner.model.encode(runner.persona.preamble())) + 1
@@ -255,19 +289,23 @@ def test_history_is_trimmed_to_the_token_budget(runner):
 # -- Piper TTS -----------------------------------------------------------------------------------
 def test_tts_speaks_the_first_phrase_before_the_reply_ends(transcriber):
     stage = StageConfig(name="tts", builder="local.tts")
-    tts: StreamingTTS = build_tts(stage, Ctx(stage, None))
-    deltas = ["Sure", ",", " one", " bubble", " tea", " with", " less", " ice", ".", " Anything", " else", "?", " Thank", " you"]
+    tts: StreamingTTS = build_tts(Ctx(stage, None))
+    deltas = ["Sure", ",", " one", " bubble", " tea", " with", " less", " ice", ".",
+              " Anything", " else", "?", " Thank", " you"]
     state: dict = {}
     audio_at = []
     pieces = []
     for index, delta in enumerate(deltas):
-        out = tts([WorkItem("r", "thinker", {"text": delta}, eos=False)], [state])[0]
+        out = tts([WorkItem("r", "thinker", AgentText(delta), eos=False)], [state])[0]
         audio_at += [index] * len(out)
-        pieces += [o["audio"] for o in out]
-    final = tts([WorkItem("r", "thinker", {"text": "", "reply": "..."}, eos=True)], [state])[0]
+        pieces += out
+    final = tts([WorkItem("r", "thinker", None, eos=True)], [state])[0]
     assert audio_at == [1, 8, 11]  # "Sure," at its comma, each sentence at its mark
     assert len(final) == 1  # "Thank you" (no mark) is spoken when the reply ends
-    pieces += [o["audio"] for o in final]
+    pieces += final
+    assert all(isinstance(p, AgentAudio) for p in pieces)
+    assert "".join(p.text for p in pieces) == "Sure, one bubble tea with less ice. Anything else? Thank you"
+    pieces = [p.samples for p in pieces]
     speech = resample(np.concatenate(pieces), tts.synth.sample_rate, 16000)
     heard = transcriber.transcribe([speech], 1000)[0]
     assert word_recall("".join(deltas), heard) >= 0.75, heard  # Piper's voice varies run to run

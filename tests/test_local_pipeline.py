@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from duplex.audio import resample
 from duplex.config import load_pipeline
 from duplex.models.local import assets
 from duplex.models.local.asr import WhisperTranscriber
-from duplex.models.local.audio import resample
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
 from duplex.models.registry import BUILDERS
+from duplex.runtime.contract import AgentAudio, AgentText, CallerAudio, SessionEnd, Transcript, TurnRequest
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.requests import OutputChunk, RequestFinished
-from tests.local_helpers import ORDER, chunks, silence, speak
+from tests.local_helpers import ORDER, caller_audio, chunks, silence, speak
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 TURN_TIMEOUT_S = 180  # a whole turn on a loaded 2-core box
@@ -37,10 +38,10 @@ def order_audio() -> np.ndarray:
 
 
 def _feed_turn(pipeline: Coordinator, audio: np.ndarray, session_id: str):
-    handle = pipeline.submit(params={"session_id": session_id, "turn": 1})
-    pieces = chunks(audio)
+    handle = pipeline.submit(TurnRequest(session_id=session_id, turn=1))
+    pieces = caller_audio(chunks(audio))
     for index, piece in enumerate(pieces):
-        assert pipeline.feed(handle.request_id, {"audio": piece, "sample_rate": 16000}, eos=index == len(pieces) - 1)
+        assert pipeline.feed(handle.request_id, piece, eos=index == len(pieces) - 1)
     return handle
 
 
@@ -70,20 +71,22 @@ async def test_an_order_is_heard_answered_and_the_answer_is_speech(pipeline, ord
     assert finished.status.value == "completed", finished.error
 
     transcripts = [c.data for c in outputs if c.stage == "asr"]
-    assert transcripts[-1]["user_text_final"] and c_final(outputs, "asr")
-    assert "bubble tea" in transcripts[-1]["user_text"].lower()
+    assert all(isinstance(t, Transcript) for t in transcripts)
+    assert transcripts[-1].final and c_final(outputs, "asr")
+    assert "bubble tea" in transcripts[-1].text.lower()
 
-    reply = c_final(outputs, "thinker").data["reply"]
-    deltas = "".join(c.data["text"] for c in outputs if c.stage == "thinker")
-    assert deltas.strip() == reply and reply
+    reply = "".join(c.data.text for c in outputs if c.stage == "thinker" and isinstance(c.data, AgentText)).strip()
+    assert reply and c_final(outputs, "thinker").data is None
 
-    audio = [c.data for c in outputs if c.stage == "tts" and c.data and "audio" in c.data]
+    audio = [c.data for c in outputs if c.stage == "tts" and isinstance(c.data, AgentAudio)]
     assert audio, "the agent never spoke"
     first_audio_index = next(i for i, c in enumerate(outputs) if c.stage == "tts" and c.data)
     thinker_final_index = outputs.index(c_final(outputs, "thinker"))
     assert first_audio_index < thinker_final_index, "speech should start before the reply is complete"
-    rate = audio[0]["sample_rate"]
-    speech = resample(np.concatenate([a["audio"] for a in audio]), rate, 16000)
+    voiced = " ".join(a.text.strip() for a in audio)
+    assert voiced.split() == reply.split(), "each chunk says the phrase it voices, and they make the reply"
+    rate = audio[0].sample_rate
+    speech = resample(np.concatenate([a.samples for a in audio]), rate, 16000)
     heard = WhisperTranscriber(assets.prepare_whisper(), hint=BUBBLE_TEA_ASR_HINT).transcribe([speech], 3000)[0]
     assert len(heard.split()) >= 3, f"the agent's speech was heard as {heard!r} (reply: {reply!r})"
     await _assert_nothing_held(pipeline)
@@ -105,11 +108,11 @@ async def test_barge_in_abort_frees_the_thinker_slots(pipeline, order_audio):
 
 
 async def test_audio_that_is_not_audio_fails_its_request_only(pipeline):
-    handle = pipeline.submit(params={"session_id": "bad"})
-    pipeline.feed(handle.request_id, {"audio": "not samples", "sample_rate": 16000}, eos=True)
+    handle = pipeline.submit(TurnRequest(session_id="bad"))
+    pipeline.feed(handle.request_id, CallerAudio("not samples"), eos=True)
     _, finished = await _events(handle, timeout=60)
     assert finished.status.value == "failed"
-    assert finished.error.startswith("asr") and "ValueError" in finished.error, finished.error
+    assert finished.error.stage == "asr" and "ValueError" in finished.error.message, finished.error
     await _assert_nothing_held(pipeline)
 
 
@@ -119,10 +122,10 @@ def c_final(outputs: list[OutputChunk], stage: str) -> OutputChunk:
 
 async def test_a_session_end_request_is_answered_with_nothing_and_holds_nothing(pipeline):
     """What a session sends at hang-up (the thinker frees the session: test_local_history.py)."""
-    handle = pipeline.submit(params={"session_id": "ending", "session_end": True}, eos=True)
+    handle = pipeline.submit(SessionEnd(session_id="ending"), eos=True)
     outputs, finished = await _events(handle, timeout=60)
     assert finished.status.value == "completed", finished.error
-    assert [c.data.get("user_text") for c in outputs if c.stage == "asr"] == [""]
-    assert c_final(outputs, "thinker").data["reply"] == ""
-    assert not any(c.stage == "tts" and c.data and c.data.get("audio") is not None for c in outputs)
+    assert [c.data for c in outputs if c.stage == "asr"] == [Transcript("", final=True)]
+    assert [c.data for c in outputs if c.stage == "thinker"] == [None]
+    assert not any(isinstance(c.data, AgentAudio) for c in outputs)
     await _assert_nothing_held(pipeline)

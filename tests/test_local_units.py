@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
+from duplex.audio import resample
 from duplex.models.local import assets
-from duplex.models.local.audio import resample
 from duplex.models.local.prompt import HistoryStore, Persona, build_prompt, select_recent
 from duplex.models.local.tts import PhraseSplitter
 

@@ -22,12 +22,13 @@ from duplex.models.qwen3_omni.loading import (
     load_thinker,
     special_tokens,
 )
-from duplex.models.qwen3_omni.reference import Reference
+from duplex.models.qwen3_omni.payloads import AudioEmbeds, CodecChunk, VocodedAudio
 from duplex.models.qwen3_omni.talker import TalkerRunner
 from duplex.models.qwen3_omni.thinker import ThinkerRunner
 from duplex.models.qwen3_omni.tiny import init_tiny
-from duplex.runtime.scheduler import WorkItem
+from duplex.runtime.contract import CallerAudio, TurnRequest, WorkItem
 from duplex.runtime.schedulers.ar import ARScheduler, FeedbackARScheduler
+from duplex_tools.qwen3_omni.reference import Reference
 
 torch.set_num_threads(1)
 SYSTEM = [11, 12, 13, 14]
@@ -60,8 +61,14 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
     return (0.1 * rng.standard_normal(int(16000 * seconds))).astype(np.float32)
 
 
-def item(rid: str, data, eos: bool, params=None, source="encoder") -> WorkItem:
-    return WorkItem(rid, source, data, eos, params or {})
+def item(rid: str, data, eos: bool, request=None, source="encoder") -> WorkItem:
+    return WorkItem(rid, source, data, eos, request or TurnRequest(session_id=rid))
+
+
+def tokens_request(thinker: int, talker: int | None = None) -> TurnRequest:
+    """A turn whose thinker writes ``thinker`` tokens at most (and the talker ``talker`` frames)."""
+    options = {} if talker is None else {"talker_max_new_tokens": talker}
+    return TurnRequest(session_id="s", max_new_tokens=thinker, options=options)
 
 
 def drain_until(scheduler, done: set, count: int, timeout: float = 60.0) -> dict[str, list]:
@@ -107,9 +114,10 @@ def test_streamed_encoder_equals_the_one_shot_audio_tower(reference, encoder, sa
     while pos < samples:
         step = int(rng.integers(300, 6000))
         chunk, pos = audio[pos:pos + step], pos + step
-        (produced,) = encoder([item("r", {"audio": chunk}, pos >= samples, source="client")], [state])
-        pieces += [p["audio_embeds"] for p in produced]
-        assert all(p["floor_moved"] == 0 for p in produced)
+        (produced,) = encoder([item("r", CallerAudio(chunk), pos >= samples, source="client")], [state])
+        assert all(isinstance(p, AudioEmbeds) for p in produced)
+        pieces += [p.embeds for p in produced]
+        assert all(p.floor_moved == 0 for p in produced)
     streamed = torch.cat(pieces)
     assert streamed.shape == expected.shape
     assert torch.allclose(streamed, expected, atol=1e-5, rtol=1e-4)
@@ -122,9 +130,9 @@ def test_encoder_reports_windows_shipped_before_a_louder_part(encoder):
     audio = np.concatenate([quiet, loud])
     state, last = {}, None
     for start in range(0, len(audio), 8000):
-        (produced,) = encoder([item("r", {"audio": audio[start:start + 8000]}, start + 8000 >= len(audio))], [state])
+        (produced,) = encoder([item("r", CallerAudio(audio[start:start + 8000]), start + 8000 >= len(audio))], [state])
         last = produced[-1] if produced else last
-    assert last["floor_moved"] == 1  # the first 2 s window used the quiet part's floor
+    assert last.floor_moved == 1  # the first 2 s window used the quiet part's floor
 
 
 def test_code2wav_streams_chunks_equal_to_one_full_decode_batched_by_length(model_dir):
@@ -136,11 +144,12 @@ def test_code2wav_streams_chunks_equal_to_one_full_decode_batched_by_length(mode
     streamed: list[list[np.ndarray]] = [[] for _ in codes]
     start = 0
     for size in [2, 6, 6, 6, 6, 6, 6, 2]:
-        items = [item(f"r{i}", {"codes": c[:, start:start + size].numpy(), "start": start}, False, source="talker")
+        items = [item(f"r{i}", CodecChunk(c[:, start:start + size].numpy(), start=start), False, source="talker")
                  for i, c in enumerate(codes)]
         assert len({vocoder.batch_key(x) for x in items}) == 1  # one bucket: one batched forward
         for i, produced in enumerate(vocoder(items, states)):
-            streamed[i] += [p["audio"] for p in produced]
+            assert all(isinstance(p, VocodedAudio) for p in produced)
+            streamed[i] += [p.samples for p in produced]
         start += size
     for i, c in enumerate(codes):
         full = vocoder.decode_full(c)
@@ -148,13 +157,14 @@ def test_code2wav_streams_chunks_equal_to_one_full_decode_batched_by_length(mode
         assert got.shape == full.shape == (40 * 1920 - 555,)
         assert np.linalg.norm(got - full) / np.linalg.norm(full) <= 1e-4
     with pytest.raises(ValueError, match="expected 40"):
-        vocoder([item("r0", {"codes": codes[0][:, :2].numpy(), "start": 7}, False)], [states[0]])
+        vocoder([item("r0", CodecChunk(codes[0][:, :2].numpy(), start=7), False)], [states[0]])
 
 
 def _schedulers(model_dir, thinker_budget=None, slots=8):
     lm, config = load_thinker(model_dir)
     talker, _ = load_talker(model_dir)
-    thinker = ARScheduler(StageConfig(name="thinker", builder="x", scheduler={"kind": "ar", "max_running_requests": slots}),
+    thinker_stage = StageConfig(name="thinker", builder="x", scheduler={"kind": "ar", "max_running_requests": slots})
+    thinker = ARScheduler(thinker_stage,
                           ThinkerRunner(lm, config, special_tokens(config), memory_bytes=thinker_budget, max_len=256,
                                         system_ids=SYSTEM))
     speaker = FeedbackARScheduler(StageConfig(name="talker", builder="x", scheduler={"kind": "feedback_ar"}),
@@ -164,15 +174,16 @@ def _schedulers(model_dir, thinker_budget=None, slots=8):
 
 def test_thinker_and_talker_runners_match_generate_with_8_concurrent_requests(model_dir, reference, encoder):
     thinker, talker = _schedulers(model_dir)
-    params = {"thinker_max_new_tokens": 10, "talker_max_new_tokens": 24}
+    params = tokens_request(10, 24)
     audios = [speech_like(1.5 + 0.3 * i, i) for i in range(8)]
-    expected = [reference.run(a, system_ids=SYSTEM, thinker_max_new_tokens=10, talker_max_new_tokens=24) for a in audios]
+    expected = [reference.run(a, system_ids=SYSTEM, thinker_max_new_tokens=10, talker_max_new_tokens=24)
+                for a in audios]
     thinker.start(), talker.start()
     try:
         for i, audio in enumerate(audios):
             embeds = encoder.encode_whole(audio)
-            thinker.inbox.put(item(f"r{i}", {"audio_embeds": embeds[:7]}, False, params))  # prefill while speaking
-            thinker.inbox.put(item(f"r{i}", {"audio_embeds": embeds[7:]}, True, params))
+            thinker.inbox.put(item(f"r{i}", AudioEmbeds(embeds[:7]), False, params))  # prefill while speaking
+            thinker.inbox.put(item(f"r{i}", AudioEmbeds(embeds[7:]), True, params))
         tokens: dict[str, list[int]] = {}
         done: set = set()
         deadline = time.monotonic() + 60
@@ -181,12 +192,12 @@ def test_thinker_and_talker_runners_match_generate_with_8_concurrent_requests(mo
             assert time.monotonic() < deadline
             for emit in thinker.outbox.drain():
                 assert emit.error is None, emit.error
-                tokens.setdefault(emit.request_id, []).extend(emit.data["token_ids"])
+                tokens.setdefault(emit.request_id, []).extend(emit.data.token.token_ids)
                 talker.inbox.put(item(emit.request_id, emit.data, emit.eos, params, source="thinker"))
             for emit in talker.outbox.drain():
                 assert emit.error is None, emit.error
                 if emit.data is not None:
-                    codes.setdefault(emit.request_id, []).append(emit.data["codes"])
+                    codes.setdefault(emit.request_id, []).append(emit.data.codes)
                 done |= {emit.request_id} if emit.eos else set()
             time.sleep(0.002)
         for i, ref in enumerate(expected):
@@ -218,8 +229,8 @@ def test_abort_mid_decode_frees_the_slot_once_and_the_row_is_never_stepped_again
     try:
         audio = speech_like(1.0, 7)
         embeds = encoder.encode_whole(audio)
-        long = {"thinker_max_new_tokens": 200}
-        sched.inbox.put(item("victim", {"audio_embeds": embeds}, True, long))
+        long = tokens_request(200)
+        sched.inbox.put(item("victim", AudioEmbeds(embeds), True, long))
         deadline = time.monotonic() + 30
         seen = 0
         while seen < 3:
@@ -234,11 +245,11 @@ def test_abort_mid_decode_frees_the_slot_once_and_the_row_is_never_stepped_again
         steps_after_free = runner.planned.count("victim")
         assert sched.resources()["kv_slots"] == 0 and not runner.rows
         # The freed slot is reused by a new request whose output equals generate().
-        sched.inbox.put(item("next", {"audio_embeds": embeds}, True, {"thinker_max_new_tokens": 8}))
+        sched.inbox.put(item("next", AudioEmbeds(embeds), True, tokens_request(8)))
         emits = drain_until(sched, set(), 1)["next"]
         assert runner.planned.count("victim") == steps_after_free
         ref = reference.run(audio, system_ids=SYSTEM, thinker_max_new_tokens=8, talker_max_new_tokens=4)
-        assert [t for e in emits for t in e.data["token_ids"]] == ref.text_tokens
+        assert [t for e in emits for t in e.data.token.token_ids] == ref.text_tokens
     finally:
         sched.stop()
 
@@ -270,7 +281,7 @@ def test_abort_frees_the_slot_while_its_step_is_in_flight_and_a_new_owner_still_
     try:
         audio = speech_like(1.0, 8)
         embeds = encoder.encode_whole(audio)
-        sched.inbox.put(item("victim", {"audio_embeds": embeds}, True, {"thinker_max_new_tokens": 200}))
+        sched.inbox.put(item("victim", AudioEmbeds(embeds), True, tokens_request(200)))
         deadline = time.monotonic() + 30
         seen = 0
         while seen < 2:
@@ -286,7 +297,7 @@ def test_abort_frees_the_slot_while_its_step_is_in_flight_and_a_new_owner_still_
         assert not gate.is_set() and not runner.rows  # freed before the step in flight resolved
         sched.outbox.drain()  # what the victim emitted before its abort was handled
         # The only slot goes to a new request at once; the old step resolves later, dropped.
-        sched.inbox.put(item("next", {"audio_embeds": embeds}, True, {"thinker_max_new_tokens": 8}))
+        sched.inbox.put(item("next", AudioEmbeds(embeds), True, tokens_request(8)))
         while sched.resources()["kv_slots"] != 1:
             assert time.monotonic() < deadline
             time.sleep(0.001)
@@ -294,7 +305,7 @@ def test_abort_frees_the_slot_while_its_step_is_in_flight_and_a_new_owner_still_
         emits = drain_until(sched, set(), 1)
         assert set(emits) == {"next"}  # nothing of the victim left the stage after its abort
         ref = reference.run(audio, system_ids=SYSTEM, thinker_max_new_tokens=8, talker_max_new_tokens=4)
-        assert [t for e in emits["next"] for t in e.data["token_ids"]] == ref.text_tokens
+        assert [t for e in emits["next"] for t in e.data.token.token_ids] == ref.text_tokens
         assert sched.resources()["kv_slots"] == 0
     finally:
         gate.set()
@@ -304,7 +315,7 @@ def test_abort_frees_the_slot_while_its_step_is_in_flight_and_a_new_owner_still_
 def test_memory_budget_sizes_the_kv_slots_and_admission_waits_for_a_free_one(model_dir, encoder):
     lm, config = load_thinker(model_dir)
     text = config.thinker_config.text_config
-    from duplex.models.qwen3_omni.kv_cache import SlotKVCache
+    from duplex.runtime.contract import SlotKVCache
 
     per_slot = SlotKVCache.bytes_per_slot(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, 256)
     with pytest.raises(ValueError, match="holds no KV slot"):
@@ -315,7 +326,7 @@ def test_memory_budget_sizes_the_kv_slots_and_admission_waits_for_a_free_one(mod
     embeds = encoder.encode_whole(speech_like(1.0, 3))
     # Inputs queue before the loop starts, so the first look at them sees all three requests.
     for i in range(3):
-        sched.inbox.put(item(f"r{i}", {"audio_embeds": embeds}, True, {"thinker_max_new_tokens": 40}))
+        sched.inbox.put(item(f"r{i}", AudioEmbeds(embeds), True, tokens_request(40)))
     sched.start()
     try:
         deadline = time.monotonic() + 30
@@ -335,8 +346,8 @@ def test_bad_input_fails_only_its_request(model_dir, encoder):
     thinker.start()
     try:
         embeds = encoder.encode_whole(speech_like(1.0, 4))
-        thinker.inbox.put(item("bad", {"audio_embeds": torch.zeros(3, 5)}, True))
-        thinker.inbox.put(item("good", {"audio_embeds": embeds}, True, {"thinker_max_new_tokens": 5}))
+        thinker.inbox.put(item("bad", AudioEmbeds(torch.zeros(3, 5)), True))
+        thinker.inbox.put(item("good", AudioEmbeds(embeds), True, tokens_request(5)))
         out: dict[str, list] = {}
         deadline = time.monotonic() + 30
         while len(out.get("good", [])) < 5:
@@ -344,7 +355,7 @@ def test_bad_input_fails_only_its_request(model_dir, encoder):
             for emit in thinker.outbox.drain():
                 out.setdefault(emit.request_id, []).append(emit)
             time.sleep(0.002)
-        assert "audio_embeds must be (n, 64)" in out["bad"][0].error
+        assert "audio_embeds must be (n, 64)" in out["bad"][0].error.message
         assert out["good"][-1].eos and all(e.error is None for e in out["good"])
         assert thinker.resources()["kv_slots"] == 0
     finally:

@@ -15,19 +15,22 @@ import torch
 import yaml
 
 from duplex.config import pipeline_from_dict
+from duplex.config.loader import resolve_config_path
 from duplex.models.qwen3_omni.code2wav import StreamingCode2Wav
 from duplex.models.qwen3_omni.loading import load_code2wav
-from duplex.models.qwen3_omni.reference import Reference
+from duplex.models.qwen3_omni.payloads import TextToken, VocodedAudio
 from duplex.models.qwen3_omni.tiny import init_tiny
 from duplex.models.registry import BUILDERS
+from duplex.runtime.contract import CallerAudio, TurnRequest
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.requests import OutputChunk, RequestFinished, RequestStatus
+from duplex_tools.qwen3_omni.reference import Reference
 
 torch.set_num_threads(1)
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "omni-tiny.yaml"
+CONFIG = resolve_config_path("omni-tiny")
 SYSTEM = [11, 12, 13, 14]  # the config's system_ids
-PARAMS = {"thinker_max_new_tokens": 10, "talker_max_new_tokens": 20}
+PARAMS = TurnRequest(session_id="omni", max_new_tokens=10, options={"talker_max_new_tokens": 20})
 FEED = 4000  # 250 ms of user audio per feed
 
 
@@ -59,28 +62,31 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
 
 
 async def speak(coord, audio: np.ndarray, params=PARAMS, pace_s: float = 0.0):
-    handle = coord.submit(dict(params))
+    handle = coord.submit(params)
     for start in range(0, len(audio), FEED):
-        coord.feed(handle.request_id, {"audio": audio[start:start + FEED], "sample_rate": 16000},
-                   eos=start + FEED >= len(audio))
+        coord.feed(handle.request_id, CallerAudio(audio[start:start + FEED]), eos=start + FEED >= len(audio))
         if pace_s:
             await asyncio.sleep(pace_s)
     return handle
 
 
 def outputs(chunks: list[OutputChunk]):
-    tokens = [t for c in chunks if c.stage == "thinker" and c.data for t in c.data["token_ids"]]
+    # The client gets the thinker's TextTokens (not the embeddings the talker gets) and VocodedAudio.
+    assert all(isinstance(c.data, TextToken) for c in chunks if c.stage == "thinker" and c.data is not None)
+    tokens = [t for c in chunks if c.stage == "thinker" and c.data for t in c.data.token_ids]
     audio = [c.data for c in chunks if c.stage == "code2wav" and c.data is not None]
-    codes = np.concatenate([a["codes"] for a in audio], axis=1)
-    wav = np.concatenate([a["audio"] for a in audio])
-    assert all(a["sample_rate"] == 24000 for a in audio)
+    assert all(isinstance(a, VocodedAudio) for a in audio)
+    codes = np.concatenate([a.codes for a in audio], axis=1)
+    wav = np.concatenate([a.samples for a in audio])
+    assert all(a.sample_rate == 24000 for a in audio)
     return tokens, codes, wav
 
 
 async def test_eight_concurrent_turns_equal_generate_and_streamed_audio_equals_full_decode(coord, model_dir):
     audios = [speech_like(1.2 + 0.25 * i, 100 + i) for i in range(8)]
     reference = Reference(str(model_dir))
-    expected = [reference.run(a, system_ids=SYSTEM, thinker_max_new_tokens=10, talker_max_new_tokens=20) for a in audios]
+    expected = [reference.run(a, system_ids=SYSTEM, thinker_max_new_tokens=10, talker_max_new_tokens=20)
+                for a in audios]
     vocoder = StreamingCode2Wav(load_code2wav(model_dir)[0])
     handles = [await speak(coord, a, pace_s=0.01) for a in audios]
     results = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), 120)
@@ -118,13 +124,13 @@ async def test_aborts_at_every_point_leave_every_stage_holding_nothing(coord):
     rng = np.random.default_rng(5)
     points = ["before_prefill", "mid_thinker", "mid_talker", "mid_vocoder"] * 2
     rng.shuffle(points)
-    long = {"thinker_max_new_tokens": 30, "talker_max_new_tokens": 200}
+    long = TurnRequest(session_id="omni", max_new_tokens=30, options={"talker_max_new_tokens": 200})
     tasks, handles = [], []
     for i, point in enumerate(points):
         audio = speech_like(1.0 + 0.1 * i, 200 + i)
         if point == "before_prefill":  # the user is still speaking: no end of input yet
-            handle = coord.submit(dict(long))
-            coord.feed(handle.request_id, {"audio": audio[:FEED], "sample_rate": 16000})
+            handle = coord.submit(long)
+            coord.feed(handle.request_id, CallerAudio(audio[:FEED]))
             await asyncio.sleep(float(rng.uniform(0, 0.05)))
             coord.abort(handle.request_id)
             tasks.append(asyncio.sleep(0, result=(RequestStatus.ABORTED, time.monotonic())))
@@ -147,12 +153,12 @@ async def test_aborts_at_every_point_leave_every_stage_holding_nothing(coord):
 
 
 async def test_bad_audio_fails_only_that_request(coord):
-    bad = coord.submit(dict(PARAMS))
-    coord.feed(bad.request_id, {"audio": speech_like(0.5, 1), "sample_rate": 8000}, eos=True)
+    bad = coord.submit(PARAMS)
+    coord.feed(bad.request_id, {"audio": speech_like(0.5, 1)}, eos=True)  # not a CallerAudio
     good = await speak(coord, speech_like(1.0, 2))
     (bad_chunks, bad_end), (good_chunks, good_end) = await asyncio.wait_for(
         asyncio.gather(bad.collect(), good.collect()), 60)
-    assert bad_end.status is RequestStatus.FAILED and "16 kHz" in bad_end.error
+    assert bad_end.status is RequestStatus.FAILED and "needs CallerAudio" in bad_end.error.message
     assert good_end.status is RequestStatus.COMPLETED
-    assert len(outputs(good_chunks)[0]) == PARAMS["thinker_max_new_tokens"]
+    assert len(outputs(good_chunks)[0]) == PARAMS.max_new_tokens
     await coord.wait_idle(timeout=10)

@@ -24,8 +24,8 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_everything_and_a_restart_works_at_once(sig):
-    for attempt in range(2):  # the second start proves nothing was left in the way
-        proc = subprocess.Popen([sys.executable, "tests/pipeline_until_signal.py", "configs/toy.yaml"], cwd=ROOT,
+    for _ in range(2):  # the second start proves nothing was left in the way
+        proc = subprocess.Popen([sys.executable, "tests/pipeline_until_signal.py", "toy"], cwd=ROOT,
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
             info = json.loads(proc.stdout.readline())

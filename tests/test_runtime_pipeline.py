@@ -7,6 +7,7 @@ import signal
 import psutil
 
 from duplex.runtime import shm
+from duplex.runtime.contract import ErrorCode, TurnRequest
 from duplex.runtime.requests import RequestStatus
 from tests.runtime_helpers import coordinator, stage_holds, wait_for
 
@@ -30,7 +31,7 @@ def texts(chunks, stage):
 async def test_streaming_order_and_fan_in_of_two_terminals():
     words = [f"w{i}" for i in range(300)]
     async with coordinator(STREAM) as coord:
-        handle = coord.submit({"session": "s"}, {"text": " ".join(words)}, eos=True)
+        handle = coord.submit(TurnRequest("s"), {"text": " ".join(words)}, eos=True)
         chunks, finished = await asyncio.wait_for(handle.collect(), 30)
         assert finished.status is RequestStatus.COMPLETED
         assert texts(chunks, "upper") == [w.upper() for w in words]
@@ -42,7 +43,7 @@ async def test_streaming_order_and_fan_in_of_two_terminals():
 
 async def test_streamed_client_input_and_concurrent_requests_stay_separate():
     async with coordinator(STREAM) as coord:
-        handles = [coord.submit({"n": i}) for i in range(12)]
+        handles = [coord.submit(TurnRequest(f"s{i}")) for i in range(12)]
         for step in range(3):
             for i, handle in enumerate(handles):
                 coord.feed(handle.request_id, {"text": f"r{i}s{step}a r{i}s{step}b"}, eos=step == 2)
@@ -63,7 +64,7 @@ async def test_wait_for_gathers_every_upstream_before_running():
         {"name": "join", "builder": "toy.join", "wait_for": ["left", "right"], "terminal": True},
     ]
     async with coordinator(stages) as coord:
-        handle = coord.submit({}, {"text": "one two three"}, eos=True)
+        handle = coord.submit(data={"text": "one two three"}, eos=True)
         chunks, finished = await asyncio.wait_for(handle.collect(), 30)
         assert finished.status is RequestStatus.COMPLETED
         assert [c.data for c in chunks] == [{"joined": {"left": {"text": "THREE", "index": 2, "batch": 1},
@@ -74,7 +75,7 @@ async def test_simple_scheduler_batches_across_requests_up_to_its_limit():
     stages = [{"name": "upper", "builder": "toy.upper", "terminal": True,
                "scheduler": {"kind": "simple", "max_batch_size": 4, "max_wait_ms": 100}}]
     async with coordinator(stages) as coord:
-        handles = [coord.submit({}, {"text": f"r{i}"}, eos=True) for i in range(10)]
+        handles = [coord.submit(data={"text": f"r{i}"}, eos=True) for i in range(10)]
         results = await asyncio.wait_for(asyncio.gather(*(h.collect() for h in handles)), 30)
         batches = [chunks[0].data["batch"] for chunks, _ in results]
         assert [chunks[0].data["text"] for chunks, _ in results] == [f"R{i}" for i in range(10)]
@@ -88,17 +89,17 @@ async def test_tensors_cross_stages_through_shared_memory():
     ]
     async with coordinator(stages) as coord:
         for nbytes in (10, 200_000, 3 << 20):
-            handle = coord.submit({"nbytes": nbytes}, {"go": 1}, eos=True)
+            handle = coord.submit(TurnRequest("", options={"nbytes": nbytes}), {"go": 1}, eos=True)
             chunks, finished = await asyncio.wait_for(handle.collect(), 30)
             assert finished.status is RequestStatus.COMPLETED
-            assert chunks[-1].data["nbytes"] == nbytes and chunks[-1].data["intact"]
+            assert chunks[-1].data.nbytes == nbytes and chunks[-1].data.intact
         assert shm.list_segments(shm.run_prefix(coord.run_id))  # the big ones went through shm
         await coord.wait_idle(timeout=5)
 
 
 async def test_abort_while_a_step_is_in_flight_drops_its_output_and_frees_state():
     async with coordinator(SLOW) as coord:
-        handle = coord.submit({}, {"text": "x"}, eos=True)
+        handle = coord.submit(data={"text": "x"}, eos=True)
         await wait_for(lambda: stage_holds(coord, "b", handle.request_id, "request_states"), what="b computing")
         assert coord.abort(handle.request_id)
         assert coord.abort(handle.request_id) is False  # idempotent
@@ -111,9 +112,9 @@ async def test_abort_while_a_step_is_in_flight_drops_its_output_and_frees_state(
 
 async def test_abort_before_the_handoff_is_consumed():
     async with coordinator(SLOW) as coord:
-        blocker = coord.submit({}, {"text": "first"}, eos=True)
+        blocker = coord.submit(data={"text": "first"}, eos=True)
         await wait_for(lambda: stage_holds(coord, "b", blocker.request_id, "request_states"), what="b busy")
-        queued = coord.submit({}, {"text": "second"}, eos=True)
+        queued = coord.submit(data={"text": "second"}, eos=True)
         await wait_for(lambda: stage_holds(coord, "b", queued.request_id, "inbox_items"), what="handoff queued")
         coord.abort(queued.request_id)
         _, finished = await queued.collect()
@@ -130,7 +131,7 @@ async def test_producer_finishing_after_the_abort_never_reaches_the_consumer():
         {"name": "b", "builder": "toy.count", "terminal": True},
     ]
     async with coordinator(stages) as coord:
-        handle = coord.submit({}, {"text": "x"}, eos=True)
+        handle = coord.submit(data={"text": "x"}, eos=True)
         await wait_for(lambda: stage_holds(coord, "a", handle.request_id, "request_states"), what="a computing")
         coord.abort(handle.request_id)
         await wait_for(lambda: _counter(coord, "a", "dropped_late"), what="a's late output dropped")
@@ -144,13 +145,13 @@ async def _counter(coord, stage, name):
 
 async def test_killed_stage_fails_its_requests_restarts_and_serves_again():
     async with coordinator(SLOW) as coord:
-        handle = coord.submit({}, {"text": "doomed"}, eos=True)
+        handle = coord.submit(data={"text": "doomed"}, eos=True)
         await wait_for(lambda: stage_holds(coord, "b", handle.request_id), what="b holds the request")
         old_pid = (await coord.stats())["b"].pid
         os.kill(old_pid, signal.SIGKILL)
         _, finished = await asyncio.wait_for(handle.collect(), 10)
         assert finished.status is RequestStatus.FAILED
-        assert "stage b" in finished.error and "died" in finished.error and "-9" in finished.error
+        assert "stage b" in str(finished.error) and "died" in str(finished.error) and "-9" in str(finished.error)
 
         async def restarted():
             try:
@@ -159,7 +160,7 @@ async def test_killed_stage_fails_its_requests_restarts_and_serves_again():
                 return False
 
         await wait_for(restarted, timeout=30, what="b restarted")
-        chunks, done = await asyncio.wait_for(coord.submit({}, {"text": "again"}, eos=True).collect(), 10)
+        chunks, done = await asyncio.wait_for(coord.submit(data={"text": "again"}, eos=True).collect(), 10)
         assert done.status is RequestStatus.COMPLETED and texts(chunks, "b") == ["AGAIN"]
         assert coord.restarts == 1
         await coord.wait_idle(timeout=2)
@@ -167,11 +168,12 @@ async def test_killed_stage_fails_its_requests_restarts_and_serves_again():
 
 async def test_failing_computation_fails_only_its_request():
     async with coordinator(STREAM) as coord:
-        bad = coord.submit({}, {"no_text_key": 1}, eos=True)  # split chokes on it
-        good = coord.submit({}, {"text": "fine"}, eos=True)
+        bad = coord.submit(data={"no_text_key": 1}, eos=True)  # split chokes on it
+        good = coord.submit(data={"text": "fine"}, eos=True)
         _, failed = await asyncio.wait_for(bad.collect(), 10)
         chunks, ok = await asyncio.wait_for(good.collect(), 10)
-        assert failed.status is RequestStatus.FAILED and "split" in failed.error
+        assert failed.status is RequestStatus.FAILED
+        assert failed.error.code is ErrorCode.STAGE_FAILED and failed.error.stage == "split"
         assert ok.status is RequestStatus.COMPLETED and texts(chunks, "upper") == ["FINE"]
         await coord.wait_idle(timeout=2)
 
@@ -179,7 +181,7 @@ async def test_failing_computation_fails_only_its_request():
 async def test_shutdown_leaves_no_process_segment_or_socket_file():
     coord = coordinator(STREAM)
     await coord.start()
-    handle = coord.submit({}, {"text": "a b"}, eos=True)
+    handle = coord.submit(data={"text": "a b"}, eos=True)
     await handle.collect()
     pids = [view.pid for view in (await coord.stats()).values()]
     run_dir, prefix = coord.procs.run_dir, shm.run_prefix(coord.run_id)
@@ -188,14 +190,14 @@ async def test_shutdown_leaves_no_process_segment_or_socket_file():
     assert shm.list_segments(prefix) == []
     assert not os.path.exists(run_dir)
     async with coordinator(STREAM) as again:  # a second start right away works
-        _, done = await again.submit({}, {"text": "b"}, eos=True).collect()
+        _, done = await again.submit(data={"text": "b"}, eos=True).collect()
         assert done.status is RequestStatus.COMPLETED
 
 
 async def test_tcp_control_plane_carries_payloads_inline():
     async with coordinator(STREAM, control={"transport": "tcp"}) as coord:
         assert coord.procs.addresses["upper"].startswith("tcp://127.0.0.1:")
-        chunks, done = await asyncio.wait_for(coord.submit({}, {"text": "x y"}, eos=True).collect(), 10)
+        chunks, done = await asyncio.wait_for(coord.submit(data={"text": "x y"}, eos=True).collect(), 10)
         assert done.status is RequestStatus.COMPLETED and texts(chunks, "upper") == ["X", "Y"]
         assert shm.list_segments(shm.run_prefix(coord.run_id)) == []
 
@@ -203,7 +205,7 @@ async def test_tcp_control_plane_carries_payloads_inline():
 async def test_fused_stages_share_a_process_and_pass_objects():
     stages = [{**s, "process": "fused"} if s["name"] in ("split", "upper") else s for s in STREAM]
     async with coordinator(stages) as coord:
-        chunks, done = await asyncio.wait_for(coord.submit({}, {"text": "p q"}, eos=True).collect(), 20)
+        chunks, done = await asyncio.wait_for(coord.submit(data={"text": "p q"}, eos=True).collect(), 20)
         assert done.status is RequestStatus.COMPLETED and texts(chunks, "upper") == ["P", "Q"]
         stats = await coord.wait_idle(timeout=2)
         assert stats["split"].pid == stats["upper"].pid != stats["count"].pid
@@ -216,7 +218,7 @@ async def test_terminal_keys_limit_what_the_client_gets_but_not_the_next_stage()
         {"name": "upper", "builder": "toy.upper", "terminal": True},
     ]
     async with coordinator(stages) as coord:
-        chunks, done = await asyncio.wait_for(coord.submit({}, {"text": "k"}, eos=True).collect(), 20)
+        chunks, done = await asyncio.wait_for(coord.submit(data={"text": "k"}, eos=True).collect(), 20)
         assert done.status is RequestStatus.COMPLETED
         assert [c.data for c in chunks if c.stage == "split"] == [{"text": "k"}]  # no "index"
         assert [c.data for c in chunks if c.stage == "upper"] == [{"text": "K", "index": 0, "batch": 1}]
@@ -226,10 +228,11 @@ async def test_a_bad_row_fails_alone_not_its_batch_mates():
     stages = [{"name": "upper", "builder": "toy.upper", "terminal": True,
                "scheduler": {"kind": "simple", "max_batch_size": 8, "max_wait_ms": 200}}]
     async with coordinator(stages) as coord:
-        good = [coord.submit({}, {"text": f"g{i}"}, eos=True) for i in range(3)]
-        bad = coord.submit({}, {"no_text": 1}, eos=True)
+        good = [coord.submit(data={"text": f"g{i}"}, eos=True) for i in range(3)]
+        bad = coord.submit(data={"no_text": 1}, eos=True)
         _, failed = await asyncio.wait_for(bad.collect(), 20)
-        assert failed.status is RequestStatus.FAILED and "KeyError" in failed.error
+        assert failed.status is RequestStatus.FAILED and "KeyError" in failed.error.message
+        assert failed.error.code is ErrorCode.STAGE_FAILED and failed.error.stage == "upper"
         for i, handle in enumerate(good):
             chunks, done = await asyncio.wait_for(handle.collect(), 20)
             assert done.status is RequestStatus.COMPLETED and texts(chunks, "upper") == [f"G{i}"]

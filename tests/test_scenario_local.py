@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from duplex.edge.harness import ServerProcess
+from duplex_tools.harness import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                                    reason="espeak-ng is not installed")]

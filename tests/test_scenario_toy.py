@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from duplex.edge.harness import ServerProcess
+from duplex_tools.harness import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                                    reason="espeak-ng is not installed")]
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(["--config", "configs/toy-voice.yaml", "--port", "0", "--ice-loopback",
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback",
                         "--max-sessions", "4"], cwd=str(ROOT)) as proc:
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])

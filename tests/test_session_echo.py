@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from duplex.edge.harness import espeak
 from duplex.models.toy_voice.synth import speak
 from duplex.session.config import EchoConfig, VadConfig
 from duplex.session.echo import EchoGate
-from duplex.session.vad import FrameClassifier, SpeechStarted, TurnDetector
+from duplex.session.turns import SpeechStarted, TurnDetector
+from duplex.session.vad import FrameClassifier
+from duplex_tools.harness import espeak
 
 RATE = 16000
 FRAME = 320
@@ -18,7 +19,8 @@ DELAY_S = 0.137
 
 @pytest.fixture(scope="module")
 def agent() -> np.ndarray:
-    words = "this is the toy voice answering your question at some length so you can hear it".split()
+    words = ["this", "is", "the", "toy", "voice", "answering", "your", "question", "at", "some", "length", "so", "you",
+             "can", "hear", "it"]
     voice = np.concatenate([speak(w, i) for i, w in enumerate(words)])
     return np.concatenate([np.zeros(RATE // 2, np.float32), voice, np.zeros(RATE, np.float32)])
 
@@ -38,9 +40,9 @@ def microphone(agent: np.ndarray, gain: float, user: np.ndarray | None = None, u
     return mic
 
 
-def listen(agent: np.ndarray, mic: np.ndarray, echo: EchoConfig = EchoConfig()):
+def listen(agent: np.ndarray, mic: np.ndarray, echo: EchoConfig | None = None):
     """Feed output and input frame by frame on one clock; return (speech starts, gate)."""
-    gate, vad = EchoGate(echo), FrameClassifier(VadConfig())
+    gate, vad = EchoGate(echo or EchoConfig()), FrameClassifier(VadConfig())
     detector = TurnDetector(VadConfig())
     starts = []
     for i in range(len(agent) // FRAME):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from duplex.session.pacing import FramePacer
@@ -46,23 +44,37 @@ def test_flush_cuts_at_once_and_reports_what_was_played():
     assert playout.queued_ms == 0 and np.abs(playout.pull().pcm).max() == 0
 
 
-async def test_pacer_keeps_a_drift_free_20ms_grid():
-    pacer = FramePacer(0.02)
-    start = time.monotonic()
+class SlowClock:
+    """The pacer's clock and sleep: time moves only when it sleeps, and every sleep overshoots by
+    ``late_s`` (a loaded event loop wakes late), so the test controls what the pacer sees."""
+
+    def __init__(self, late_s: float = 0.0) -> None:
+        self.now = 50.0
+        self.late_s = late_s
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds + self.late_s
+
+
+async def test_pacer_keeps_a_drift_free_20ms_grid_when_it_wakes_late():
+    clock = SlowClock(late_s=0.007)  # later than a frame's slack would allow to add up
+    pacer = FramePacer(0.02, clock=clock, sleep=clock.sleep)
     dues = [await pacer.wait_next() for _ in range(25)]
-    elapsed = time.monotonic() - start
-    steps = np.diff(dues)
-    assert np.allclose(steps, 0.02, atol=1e-9)  # deadlines are anchor + n * 20 ms exactly
-    assert 0.47 <= elapsed < 1.5
+    assert np.allclose(np.diff(dues), 0.02, atol=1e-9)  # deadlines are anchor + n * 20 ms exactly
+    assert pacer.reanchors == 0 and clock.now - dues[0] < 25 * 0.02 + 0.007 + 1e-9  # no drift added up
 
 
 async def test_pacer_reanchors_after_a_stall_instead_of_bursting():
-    pacer = FramePacer(0.02, max_lag_s=0.1)
+    clock = SlowClock()
+    pacer = FramePacer(0.02, max_lag_s=0.1, clock=clock, sleep=clock.sleep)
     for _ in range(3):
         await pacer.wait_next()
-    time.sleep(0.3)  # the event loop is blocked (a stall), deliberately
-    before = time.monotonic()
-    await pacer.wait_next()
+    clock.now += 0.3  # the event loop was blocked (a stall)
+    stalled = clock.now
+    resumed = await pacer.wait_next()
     burst = [await pacer.wait_next() for _ in range(3)]
-    assert pacer.reanchors == 1
-    assert burst[-1] - before >= 0.055  # frames after the stall are paced again, not sent at once
+    assert pacer.reanchors == 1 and resumed == stalled  # a fresh grid from the stall's end
+    assert np.allclose(np.array(burst) - resumed, [0.02, 0.04, 0.06])  # paced again, not sent at once

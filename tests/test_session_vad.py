@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from duplex.edge.harness import espeak
 from duplex.session.config import VadConfig
-from duplex.session.vad import FrameClassifier, SpeechStarted, SpeechStopped, TurnDetector
+from duplex.session.turns import SpeechStarted, SpeechStopped, TurnDetector
+from duplex.session.vad import FrameClassifier
+from duplex_tools.harness import espeak
 
 RATE = 16000
 FRAME = 320
@@ -18,7 +19,8 @@ def speech() -> np.ndarray:
     return espeak("Could you tell me what time it is", rate=RATE)
 
 
-def run(audio: np.ndarray, config: VadConfig = VadConfig()) -> tuple[list, str]:
+def run(audio: np.ndarray, config: VadConfig | None = None) -> tuple[list, str]:
+    config = config or VadConfig()
     classifier, detector = FrameClassifier(config), TurnDetector(config)
     pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
     events, marks = [], ""
@@ -32,7 +34,8 @@ def run(audio: np.ndarray, config: VadConfig = VadConfig()) -> tuple[list, str]:
 
 
 def pad(audio: np.ndarray, before_s: float, after_s: float) -> np.ndarray:
-    return np.concatenate([np.zeros(int(before_s * RATE), np.float32), audio, np.zeros(int(after_s * RATE), np.float32)])
+    return np.concatenate([np.zeros(int(before_s * RATE), np.float32), audio,
+                           np.zeros(int(after_s * RATE), np.float32)])
 
 
 def test_speech_gives_one_turn_with_onset_and_end_where_the_speech_is(speech):

@@ -45,5 +45,5 @@ def test_bare_sip_flag_means_loopback_5060_and_loopback_allowlist():
     ["--sip", "127.0.0.1:0", "--sip-rtp-ports", "30010-30000"],
 ])
 def test_bad_phone_options_exit_with_a_message(argv, capsys):
-    assert main(["serve", "--config", "configs/toy-voice.yaml", *argv]) == 2
+    assert main(["serve", "--config", "toy-voice", *argv]) == 2
     assert "error:" in capsys.readouterr().err

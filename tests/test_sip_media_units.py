@@ -6,8 +6,9 @@ import av
 import numpy as np
 import pytest
 
+from duplex.audio import Resampler
 from duplex.edge.telephony import g711
-from duplex.edge.telephony.audio import PHONE_FRAME, PhoneDecoder, PhoneEncoder, Resampler
+from duplex.edge.telephony.audio import PHONE_FRAME, PhoneDecoder, PhoneEncoder
 from duplex.edge.telephony.jitter import JitterBuffer
 from duplex.edge.telephony.rtp import (
     DtmfEvent,
@@ -83,8 +84,8 @@ def _dominant_hz(pcm: np.ndarray, rate: int) -> float:
 
 def test_resampler_streams_without_seams():
     tone = _tone(8000, 1.0)
-    streamed = Resampler(8000, 16000)
-    chunks = [streamed(tone[i:i + 160]) for i in range(0, len(tone), 160)]
+    streamed = Resampler(16000)
+    chunks = [streamed(tone[i:i + 160], 8000) for i in range(0, len(tone), 160)]
     out = np.concatenate(chunks)
     assert abs(len(out) - 16000) < 100
     assert abs(_dominant_hz(out[1000:15000], 16000) - 440) < 3

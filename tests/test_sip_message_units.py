@@ -30,18 +30,18 @@ from duplex.edge.telephony.sip_message import (
 )
 
 INVITE = (
-    "INVITE sip:agent@127.0.0.1:5060 SIP/2.0\r\n"
-    "v: SIP/2.0/UDP 10.0.0.1:5062;branch=z9hG4bKabc, SIP/2.0/UDP 10.0.0.2;branch=z9hG4bKdef\r\n"
-    "f: \"Bob, the caller\" <sip:bob@example.com>;tag=123\r\n"
-    "t: <sip:agent@127.0.0.1>\r\n"
-    "i: call-1@10.0.0.1\r\n"
-    "CSeq: 7 INVITE\r\n"
-    "Subject: a header folded\r\n over two lines\r\n"
-    "c: application/sdp\r\n"
-    "l: 4\r\n"
-    "\r\n"
-    "v=0\r\nextra bytes past Content-Length"
-).encode()
+    b"INVITE sip:agent@127.0.0.1:5060 SIP/2.0\r\n"
+    b"v: SIP/2.0/UDP 10.0.0.1:5062;branch=z9hG4bKabc, SIP/2.0/UDP 10.0.0.2;branch=z9hG4bKdef\r\n"
+    b"f: \"Bob, the caller\" <sip:bob@example.com>;tag=123\r\n"
+    b"t: <sip:agent@127.0.0.1>\r\n"
+    b"i: call-1@10.0.0.1\r\n"
+    b"CSeq: 7 INVITE\r\n"
+    b"Subject: a header folded\r\n over two lines\r\n"
+    b"c: application/sdp\r\n"
+    b"l: 4\r\n"
+    b"\r\n"
+    b"v=0\r\nextra bytes past Content-Length"
+)
 
 
 def test_parse_request_with_compact_folded_and_list_headers():

@@ -26,10 +26,10 @@ import httpx
 import numpy as np
 import pytest
 
-from duplex.edge.harness import ServerProcess, espeak
 from duplex.edge.telephony import g711
 from duplex.edge.telephony.rtp import RtpPacket, parse_rtp
 from duplex.session.pacing import FramePacer
+from duplex_tools.harness import ServerProcess, espeak
 from tests.sip_helpers import RtpPhone, SipPeer, answer_port, sdp_offer
 from tests.twilio_client import TwilioPeer
 
@@ -42,7 +42,7 @@ LOUD = 1000  # int16 RMS of a 20 ms frame that counts as speech
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(["--config", "configs/toy-voice.yaml", "--port", "0", "--max-sessions", "2",
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--max-sessions", "2",
                         "--sip", "127.0.0.1:0", "--sip-rtp-ports", "44000-44999",
                         "--twilio"]) as proc:
         match = re.search(r"SIP on udp ([\d.]+):(\d+)", "".join(proc.output))

@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from duplex.config.pipeline import PipelineConfig
+
+class _Stage(Protocol):
+    name: str
+    next: list[str]
+    stream_to: list[str]
+    wait_for: list[str]
+
+
+class _Pipeline(Protocol):
+    """What the checks read of a pipeline (``pipeline.PipelineConfig``, which calls them)."""
+
+    @property
+    def stages(self) -> Sequence[_Stage]: ...
+    @property
+    def entry(self) -> list[str] | None: ...
+    @property
+    def entry_stages(self) -> list[str]: ...
+    @property
+    def terminal_stages(self) -> list[str]: ...
+    def stage(self, name: str) -> _Stage: ...
 
 
 class ConfigError(ValueError):
     """A pipeline config that cannot run; the message names the offending key."""
 
 
-def validate_graph(cfg: "PipelineConfig") -> None:
+def validate_graph(cfg: _Pipeline) -> None:
     names = [s.name for s in cfg.stages]
     if not names:
         raise ConfigError("stages: a pipeline needs at least one stage")
@@ -48,7 +67,7 @@ def validate_graph(cfg: "PipelineConfig") -> None:
     _refuse_unreachable(cfg)
 
 
-def _refuse_cycles(cfg: "PipelineConfig") -> None:
+def _refuse_cycles(cfg: _Pipeline) -> None:
     edges = {s.name: set(s.next) | set(s.stream_to) for s in cfg.stages}
     state: dict[str, int] = {}  # 1 = on the path, 2 = done
 
@@ -67,7 +86,7 @@ def _refuse_cycles(cfg: "PipelineConfig") -> None:
             visit(name, [name])
 
 
-def _refuse_unreachable(cfg: "PipelineConfig") -> None:
+def _refuse_unreachable(cfg: _Pipeline) -> None:
     edges = {s.name: set(s.next) | set(s.stream_to) for s in cfg.stages}
     seen = set(cfg.entry_stages)
     frontier = list(seen)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +12,28 @@ from pydantic import ValidationError
 from duplex.config.graph import ConfigError
 from duplex.config.pipeline import SCHEDULER_CONFIGS, PipelineConfig, StageConfig
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+# The bundled pipelines ship inside the package (package data), so a wheel install finds them
+# from any working directory.
+BUNDLED_CONFIGS = files("duplex") / "configs"
+
+
+def bundled_config_names() -> list[str]:
+    if not BUNDLED_CONFIGS.is_dir():  # an install that lost its package data
+        return []
+    return sorted(entry.name.removesuffix(".yaml") for entry in BUNDLED_CONFIGS.iterdir()
+                  if entry.name.endswith(".yaml"))
 
 
 def resolve_config_path(name_or_path: str | Path) -> Path:
-    """A path as given, or a bare name looked up in configs/ ('local' -> configs/local.yaml)."""
+    """A YAML file as given, or the name of a bundled config ('local' -> duplex/configs/local.yaml)."""
     path = Path(name_or_path)
-    if path.exists():
+    if path.is_file():
         return path
-    candidate = CONFIG_DIR / f"{name_or_path}.yaml"
-    if candidate.exists():
-        return candidate
-    raise ConfigError(f"config file not found: {name_or_path} (nor {candidate})")
+    bundled = BUNDLED_CONFIGS / f"{name_or_path}.yaml"
+    if path.name == str(name_or_path) and bundled.is_file():
+        return Path(str(bundled))
+    raise ConfigError(f"config file not found: {name_or_path} "
+                      f"(bundled configs: {', '.join(bundled_config_names()) or 'none'})")
 
 
 def load_pipeline(path: str | Path, overrides: list[str] | dict[str, Any] | None = None) -> PipelineConfig:

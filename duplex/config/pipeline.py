@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from duplex.config.graph import validate_graph
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
@@ -45,7 +47,7 @@ class FeedbackARSchedulerConfig(_Strict):
 
 
 SchedulerConfig = Annotated[
-    Union[SimpleSchedulerConfig, ARSchedulerConfig, FeedbackARSchedulerConfig],
+    SimpleSchedulerConfig | ARSchedulerConfig | FeedbackARSchedulerConfig,
     Field(discriminator="kind"),
 ]
 SCHEDULER_CONFIGS: dict[str, type[BaseModel]] = {
@@ -143,9 +145,7 @@ class PipelineConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _check_graph(self) -> "PipelineConfig":
-        from duplex.config.graph import validate_graph
-
+    def _check_graph(self) -> PipelineConfig:
         validate_graph(self)
         return self
 

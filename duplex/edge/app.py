@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from importlib.resources import files
 from pathlib import Path
-from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -14,10 +15,10 @@ from duplex.edge.sdp import OfferError
 from duplex.edge.signalling import SignallingError, read_call_request
 from duplex.edge.webrtc import WebRTCGateway
 from duplex.session.manager import SessionManager, SessionsFull
-from duplex.session.runtime_port import VoiceRuntime
+from duplex.session.port import VoiceRuntime
 
 log = logging.getLogger("duplex.edge")
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+WEB_DIR = Path(str(files("duplex") / "web"))  # the demo page ships inside the package (package data)
 CALLS_PATH = "/v1/realtime/calls"
 
 

@@ -1,4 +1,4 @@
-"""WebRTC media <-> a session: decoded caller audio to 16 kHz mono; session frames to a paced
+"""WebRTC media <-> a session: decoded caller audio to the session's 16 kHz mono; session frames to a paced
 48 kHz stereo track with continuous timestamps."""
 
 from __future__ import annotations
@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Callable
 
 import av
 import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
+from duplex.audio import Resampler
+from duplex.runtime.contract import SESSION_RATE
 from duplex.session.pacing import FramePacer
 from duplex.session.playout import OutputFormat
 
@@ -53,13 +55,13 @@ class SessionAudioTrack(MediaStreamTrack):
 
 
 class InputPump:
-    """Reads the caller's track, converts to 16 kHz mono int16, hands it to ``push`` with the
+    """Reads the caller's track, converts to int16 mono at the session rate, hands it to ``push`` with the
     arrival time. Ends when the track ends."""
 
     def __init__(self, track: MediaStreamTrack, push: Callable[[np.ndarray, float], None]) -> None:
         self._track = track
         self._push = push
-        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=16000)
+        self._resampler = Resampler(SESSION_RATE)
         self.frames = 0
 
     async def run(self) -> None:
@@ -73,9 +75,9 @@ class InputPump:
             arrival = time.monotonic()
             self.frames += 1
             try:
-                converted = self._resampler.resample(frame)
+                pcm = self._resampler.frame(frame)
             except (av.FFmpegError, ValueError) as exc:  # a broken frame is dropped, not fatal
                 log.warning("dropping an undecodable audio frame: %s", exc)
                 continue
-            for chunk in converted:
-                self._push(chunk.to_ndarray().reshape(-1), arrival)
+            if pcm.size:
+                self._push(pcm, arrival)

@@ -24,7 +24,7 @@ def check_offer(sdp: str) -> None:
         kinds = ", ".join(s[0].split()[0][2:] for s in media) or "none"
         raise OfferError(f"the offer has no audio m-line (media offered: {kinds}); offer a microphone track "
                          "or a recvonly audio transceiver")
-    video = [section for section in media if section[0].startswith("m=video ") and not section[0].split()[1] == "0"]
+    video = [section for section in media if section[0].startswith("m=video ") and section[0].split()[1] != "0"]
     if video:
         raise OfferError("the offer has a video m-line; this server takes audio (and the oai-events channel) only")
     if not any(_offers_opus(section) for section in audio):

@@ -3,8 +3,8 @@ fields ``sdp`` and optional ``session`` (JSON), within a size limit."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 import msgspec
 from starlette.datastructures import UploadFile

@@ -4,6 +4,11 @@ Numpy arrays and torch tensors become msgpack extension values that describe whe
 lie in one flat buffer (64-byte aligned); everything else is plain msgpack. Tuples come back as
 lists. Decoding can hand out views of the buffer (zero copy) or copies.
 
+The meta's first byte says how to read the rest: a ``contract.Payload`` (a contract item or a
+family's struct) is decoded typed, as itself, by a decoder over every ``Payload`` subclass
+(rebuilt when a module defines a new one); any other value generically (dicts, lists, scalars).
+Arrays inside a struct take the same zero-copy extension path as anywhere else.
+
 Each thread keeps one msgspec encoder and decoder and reuses them: a stage packs or unpacks one
 value per hop, usually on a core that just woke up, where building a new (de)coder costs tens of
 microseconds of cold code.
@@ -11,13 +16,20 @@ microseconds of cold code.
 
 from __future__ import annotations
 
+import functools
+import operator
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import numpy as np
 
+from duplex.runtime.contract import Payload, payload_generation, payload_types
+
+_GENERIC = b"\x00"  # meta kinds: plain msgpack ...
+_TYPED = b"\x01"  # ... or a tagged Payload struct
 _EXT_NUMPY = 1
 _EXT_TORCH = 2
 ALIGN = 64
@@ -57,8 +69,9 @@ class _Packer:
 
     def pack(self, value: Any) -> Packed:
         packed = self.packed = Packed(meta=b"")
+        kind = _TYPED if isinstance(value, Payload) else _GENERIC
         try:
-            packed.meta = self.encoder.encode(value)
+            packed.meta = kind + self.encoder.encode(value)
         finally:
             self.packed = _EMPTY  # the packer must not keep the value's arrays alive
         return packed
@@ -95,19 +108,42 @@ class _Unpacker:
     def __init__(self) -> None:
         self.flat: np.ndarray | None = None
         self.decoder = msgspec.msgpack.Decoder(ext_hook=self._ext_hook)
+        self._typed: msgspec.msgpack.Decoder | None = None
+        self._typed_generation = -1
 
     def unpack(self, meta: bytes, flat: np.ndarray | None) -> Any:
+        kind, body = meta[:1], memoryview(meta)[1:]
+        decoder = self.decoder if kind == _GENERIC else self._typed_decoder() if kind == _TYPED else None
+        if decoder is None:
+            raise ValueError(f"unknown payload kind {kind!r}")
         self.flat = flat
         try:
-            return self.decoder.decode(meta)
+            return decoder.decode(body)
         finally:
             self.flat = None  # the decoder must not keep a (zero-copy) buffer alive
 
+    def _typed_decoder(self) -> msgspec.msgpack.Decoder:
+        generation = payload_generation()
+        if self._typed is None or generation != self._typed_generation:
+            types = payload_types()
+            union = functools.reduce(operator.or_, types)
+            self._typed = msgspec.msgpack.Decoder(union, ext_hook=self._ext_hook)
+            self._typed_generation = generation
+        return self._typed
+
     def _ext_hook(self, code: int, data: memoryview) -> Any:
         dtype_name, shape, offset, nbytes = msgspec.msgpack.decode(data)
+        if nbytes and (self.flat is None or offset + nbytes > len(self.flat)):
+            # np.ndarray(buffer=None) would hand out uninitialised memory instead of failing
+            have = 0 if self.flat is None else len(self.flat)
+            raise ValueError(f"payload array of {nbytes} bytes at {offset} lies outside its {have}-byte buffer")
         if code == _EXT_NUMPY and nbytes:  # one call; its base is ``flat``, which callers watch
             return np.ndarray(shape, dtype=dtype_name, buffer=self.flat, offset=offset)
-        raw = self.flat[offset:offset + nbytes] if nbytes else np.empty(0, np.uint8)
+        if nbytes:
+            assert self.flat is not None  # checked above
+            raw = self.flat[offset:offset + nbytes]
+        else:
+            raw = np.empty(0, np.uint8)
         if code == _EXT_NUMPY:
             return raw.view(np.dtype(dtype_name)).reshape(shape)
         if code == _EXT_TORCH:

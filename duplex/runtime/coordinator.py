@@ -10,7 +10,6 @@ import os
 import secrets
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,8 @@ from duplex.config.pipeline import PipelineConfig
 from duplex.runtime import messages as m
 from duplex.runtime import shm
 from duplex.runtime.codec import pack
+from duplex.runtime.contract import ErrorCode, Request, StageError, TurnRequest
+from duplex.runtime.ended import EndedRequests
 from duplex.runtime.processes import CONTROL, StageProcesses
 from duplex.runtime.relay import Outlet, RelayReader, RelayWriter
 from duplex.runtime.requests import OutputChunk, RequestFinished, RequestHandle, RequestState, RequestStatus
@@ -31,7 +32,6 @@ from duplex.runtime.stage import COORDINATOR
 from duplex.runtime.stage_host import Builder, segment_prefix
 
 log = logging.getLogger("duplex.coordinator")
-ENDED_MEMORY = 10000
 
 
 class StartError(RuntimeError):
@@ -61,7 +61,7 @@ class Coordinator:
         self.run_id = f"{os.getpid()}-{secrets.token_hex(3)}"
         self.procs = StageProcesses(pipeline, builders, self.run_id)
         self._requests: dict[str, RequestState] = {}
-        self._ended: OrderedDict[str, RequestStatus] = OrderedDict()
+        self._ended: EndedRequests[RequestStatus] = EndedRequests()
         self._ctx = zmq.asyncio.Context()
         self._inbox: zmq.asyncio.Socket | None = None
         self._control: zmq.asyncio.Socket | None = None
@@ -102,7 +102,8 @@ class Coordinator:
             return
         self._closing = True
         for state in list(self._requests.values()):
-            self._finish(state, RequestStatus.FAILED, "the server is shutting down")
+            error = StageError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            self._finish(state, RequestStatus.FAILED, error)
         if self._control is not None:
             self._control.send(m.encode(m.Shutdown()))
         for stage in self.cfg.stages:
@@ -119,7 +120,7 @@ class Coordinator:
         self._reader.close()
         shm.sweep(shm.run_prefix(self.run_id))
 
-    async def __aenter__(self) -> "Coordinator":
+    async def __aenter__(self) -> Coordinator:
         await self.start()
         return self
 
@@ -127,17 +128,19 @@ class Coordinator:
         await self.shutdown()
 
     # -- requests -----------------------------------------------------------------------------
-    def submit(self, params: dict | None = None, data: Any = None, eos: bool = False,
+    def submit(self, request: Request | None = None, data: Any = None, eos: bool = False,
                request_id: str | None = None) -> RequestHandle:
-        """Open a request. With ``data`` (or ``eos``) its first input goes to the entry stages
-        now; otherwise stream inputs with ``feed``."""
+        """Open a request (a turn of no session when ``request`` is None). With ``data`` (or
+        ``eos``) its first input goes to the entry stages now; otherwise stream inputs with
+        ``feed``."""
         if self._closing:
             raise RuntimeError("coordinator is shut down")
         rid = request_id or uuid.uuid4().hex
         if rid in self._requests or rid in self._ended:
             raise ValueError(f"request id {rid!r} already used")
         handle = RequestHandle(rid)
-        self._requests[rid] = RequestState(rid, dict(params or {}), handle, set(self.cfg.terminal_stages))
+        self._requests[rid] = RequestState(rid, request or TurnRequest(session_id=""), handle,
+                                           set(self.cfg.terminal_stages))
         if data is not None or eos:
             self.feed(rid, data, eos=eos)
         return handle
@@ -169,18 +172,16 @@ class Coordinator:
 
     def status(self, request_id: str) -> RequestStatus | None:
         state = self._requests.get(request_id)
-        return state.status if state else self._ended.get(request_id)
+        return state.status if state else self._ended.outcome(request_id)
 
     @property
     def live_requests(self) -> int:
         return len(self._requests)
 
-    def _finish(self, state: RequestState, status: RequestStatus, error: str | None) -> None:
+    def _finish(self, state: RequestState, status: RequestStatus, error: StageError | None) -> None:
         rid = state.request_id
         self._requests.pop(rid, None)
-        self._ended[rid] = status
-        while len(self._ended) > ENDED_MEMORY:
-            self._ended.popitem(last=False)
+        self._ended.add(rid, status)
         self.counters[status.value] += 1
         self._outlet.drop_request(rid)
         if status is not RequestStatus.COMPLETED and self._control is not None and not self._ctx.closed:
@@ -189,6 +190,7 @@ class Coordinator:
 
     # -- stats and probes ---------------------------------------------------------------------
     async def stats(self, timeout: float = 5.0) -> dict[str, StageStatsView]:
+        assert self._control is not None, "stats() needs a started coordinator"
         query_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._replies[query_id] = future
@@ -196,7 +198,7 @@ class Coordinator:
         self._control.send(m.encode(m.StatsQuery(query_id=query_id)))
         try:
             await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         finally:
             self._replies.pop(query_id, None)
@@ -324,6 +326,7 @@ class Coordinator:
         epoch = next(self._ids)
         stages = {s for p in processes for s in self.procs.groups[p]}
         deadline = time.monotonic() + self.cfg.supervision.ready_timeout_s
+        assert self._control is not None, "start() binds the control socket first"
         while not stages <= self._ready.get(epoch, set()):
             for process in processes:
                 proc = self.procs.procs[process]
@@ -360,11 +363,12 @@ class Coordinator:
         log.error("%s", reason)
         for state in list(self._requests.values()):
             if not set(stages) <= state.passed:
-                self._finish(state, RequestStatus.FAILED, reason)
+                self._finish(state, RequestStatus.FAILED, StageError(ErrorCode.STAGE_CRASHED, reason))
         for stage in stages:
             shm.sweep(segment_prefix(self.run_id, stage))
             self._outlet.forget_peer(stage)
             self._reader.forget_segments(segment_prefix(self.run_id, stage))
+        assert self._control is not None, "the watcher runs only after start()"
         self._control.send(m.encode(m.PeerRestarted(stages=list(stages))))
         proc.close()
         self.procs.procs.pop(process)
@@ -374,7 +378,7 @@ class Coordinator:
         self.procs.restarts[process] += 1
         self.restarts += 1
         tombstones = [rid for rid, status in self._ended.items() if status is not RequestStatus.COMPLETED]
-        self.procs.spawn(process, tombstones=tombstones[-ENDED_MEMORY:])
+        self.procs.spawn(process, tombstones=tombstones)
         try:
             await self._await_ready({process})
         except StartError as exc:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
+
+from duplex.runtime.contract import Request, StageError
 
 
 class ShmRef(msgspec.Struct, frozen=True):
@@ -36,8 +36,8 @@ class DataReady(msgspec.Struct, tag=True):
     eos: bool
     payload: Payload | None
     sent_ns: int
-    params: dict | None = None  # request params, on seq 0 only
-    error: str | None = None  # the request failed at src; consumers forget it
+    params: Request | None = None  # the request, on seq 0 only
+    error: StageError | None = None  # the request failed at src; consumers forget it
 
 
 class Ack(msgspec.Struct, tag=True):
@@ -120,10 +120,10 @@ class StageFailed(msgspec.Struct, tag=True):
     message: str
 
 
-Message = Union[
-    DataReady, Ack, ProgressReports, Abort, PeerRestarted, Hello, Ready, StatsQuery, StageStats, Ping,
-    Pong, Shutdown, StageFailed,
-]
+Message = (
+    DataReady | Ack | ProgressReports | Abort | PeerRestarted | Hello | Ready | StatsQuery | StageStats | Ping
+    | Pong | Shutdown | StageFailed
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -9,7 +9,12 @@ per busy stretch instead of two messages per hop, so a burst rarely lands in a h
 
 The I/O loop owns the buffer: it polls ``wake_fd`` (calling ``on_wake`` when it is readable),
 asks ``poll_timeout_ms`` how long it may sleep, and calls ``flush_due`` after each wake-up.
-``add`` may be called from any thread under the host's lock.
+``add`` may be called from any thread under the host's lock. The first report of a burst wakes
+the loop only if the loop is asleep (it may be for long, and must learn the deadline); a loop
+that is awake asks ``poll_timeout_ms`` before it sleeps again. That is a question of the loop's
+state, not of which thread is asking: ``poll_timeout_ms`` marks the loop asleep before it reads
+the deadline, ``awake`` after the poll returns, and ``add`` sets the deadline before it looks, so
+a report is never left waiting past its deadline.
 """
 
 from __future__ import annotations
@@ -31,19 +36,26 @@ class ProgressBuffer:
         self._due: float | None = None
         self._wake = WakePipe()
         self.wake_fd = self._wake.fd
+        self._loop_asleep = False
 
-    def add(self, report: Progress, from_io_thread: bool) -> None:
+    def add(self, report: Progress) -> None:
         self._items.append(report)
         if self._due is not None:
             return
         self._due = time.monotonic() + self._hold_s
-        if not from_io_thread:  # the I/O loop may be asleep for long: it must learn the deadline
+        if self._loop_asleep:
             self._wake.wake()
 
     def poll_timeout_ms(self, idle_ms: int) -> int:
+        """How long the loop may sleep; the loop is asleep from here until ``awake``."""
+        self._loop_asleep = True
         if self._due is None:
             return idle_ms
         return max(0, min(idle_ms, int((self._due - time.monotonic()) * 1000) + 1))
+
+    def awake(self) -> None:
+        """The loop's poll returned: reports added from now on are seen before it sleeps again."""
+        self._loop_asleep = False
 
     def flush_due(self) -> None:
         """Send everything once the oldest report has waited long enough."""
@@ -61,7 +73,7 @@ class ProgressBuffer:
         return sum(report.stage == stage for report in self._items)
 
     def on_wake(self) -> None:
-        """A scheduler thread added a report: empty the pipe (the loop now knows the deadline)."""
+        """A burst began: empty the pipe (the loop now knows the deadline)."""
         self._wake.clear()
 
     def close(self) -> None:

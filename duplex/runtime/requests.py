@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
+
+from duplex.runtime.contract import Request, StageError
 
 
 class RequestStatus(str, enum.Enum):
@@ -32,7 +35,7 @@ class OutputChunk:
 @dataclass(frozen=True)
 class RequestFinished:
     status: RequestStatus
-    error: str | None = None
+    error: StageError | None = None
 
 
 Event = OutputChunk | RequestFinished
@@ -44,7 +47,7 @@ class RequestHandle:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.status = RequestStatus.PENDING
-        self.error: str | None = None
+        self.error: StageError | None = None
         self._events: asyncio.Queue[Event] = asyncio.Queue()
 
     def push(self, event: Event) -> None:
@@ -79,7 +82,7 @@ class RequestHandle:
 @dataclass
 class RequestState:
     request_id: str
-    params: dict
+    params: Request
     handle: RequestHandle
     terminals_left: set[str]
     holding: set[str] = field(default_factory=set)  # stages that admitted and not yet released it

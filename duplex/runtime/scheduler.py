@@ -1,8 +1,9 @@
 """The scheduler contract: what a stage's I/O shell talks to.
 
 A scheduler owns one stage's computation. The shell (``stage_host``) feeds ``inbox`` with
-``WorkItem``s, drains ``outbox`` of ``Emit``s, and calls ``abort``. The shell never asks which
-kind of scheduler it holds; every kind honours this contract.
+``WorkItem``s, ships the ``Emit``s the scheduler puts in its ``outbox`` (in the scheduler's
+thread), and calls ``abort``. The shell never asks which kind of scheduler it holds; every kind
+honours this contract.
 
 Threading: ``start()`` runs the scheduler's loop in its own thread. ``abort()`` and ``stats()``
 are called from the shell's thread: ``abort`` only enqueues, the loop frees state between steps,
@@ -15,37 +16,15 @@ import queue
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from duplex.runtime.contract import CLIENT, Emit, ErrorCode, StageError, WorkItem
 from duplex.runtime.wakeup import WakePipe
 
-CLIENT = "client"  # the ``source`` of inputs that come from the coordinator (user audio, text)
+__all__ = ["CLIENT", "AbortCommand", "Emit", "Outbox", "Scheduler", "Wake", "WorkItem"]
 
-
-@dataclass
-class WorkItem:
-    """One input for one request, in the order its source produced it."""
-
-    request_id: str
-    source: str  # upstream stage name, or CLIENT
-    data: Any
-    eos: bool  # True on the last input this stage gets for the request (all sources ended)
-    params: dict = field(default_factory=dict)  # request parameters (session id, sampling, ...)
-
-
-@dataclass
-class Emit:
-    """One output for one request. ``eos`` marks the stage's last output for it.
-
-    ``error`` set means the request failed in this stage (the shell reports it and forgets the
-    request); ``data`` is then ignored.
-    """
-
-    request_id: str
-    data: Any = None
-    eos: bool = False
-    error: str | None = None
+# The work items and emits are the runtime's public contract (models import them from there).
 
 
 @dataclass(frozen=True)
@@ -53,35 +32,48 @@ class AbortCommand:
     request_id: str
 
 
-class Outbox:
-    """Thread-safe queue from a scheduler thread to the shell's I/O loop.
+@dataclass(frozen=True)
+class Wake:
+    """Put on a scheduler's inbox by its own helpers (a step's compute finished): wakes the loop."""
 
-    Each ``put`` also writes a byte to a pipe whose read end the shell polls, so the I/O loop
-    wakes at once instead of polling on a timer. A shell may instead take emits in the putting
-    thread (``take_in_caller``): the output's bytes are still hot in that core's cache, and no
-    thread has to wake before they are shipped.
+
+class Outbox:
+    """Where a scheduler's emits go, from the scheduler's own thread.
+
+    A stage host ships each emit in the putting thread (``ship_in_caller``): the output's bytes
+    are still hot in that core's cache, and no thread has to wake before they are shipped.
+    Without a shipper (a test or a bench driving a scheduler in process) emits queue here for
+    ``drain``, and each ``put`` writes a byte to a pipe (``wake_fd``) the driver polls.
+
+    A scheduler whose loop died says so with ``crashed``, not with an emit: ``crash`` holds the
+    error and ``wake_fd`` becomes readable, whichever way the emits go.
     """
 
     def __init__(self) -> None:
         self._items: deque[Emit] = deque()
         self._wake = WakePipe()
-        self._taker: Callable[[Emit], bool] | None = None
+        self._ship: Callable[[Emit], None] | None = None
+        self.crash: StageError | None = None
 
     @property
     def wake_fd(self) -> int:
         return self._wake.fd
 
-    def take_in_caller(self, taker: Callable[[Emit], bool]) -> None:
-        """From now on ``put`` hands each emit to ``taker`` in the putting thread (so ``put`` may
-        wait while the shell holds its lock); an emit it declines (returns False for) is queued
-        for the I/O loop as before."""
-        self._taker = taker
+    def ship_in_caller(self, ship: Callable[[Emit], None]) -> None:
+        """From now on ``put`` hands every emit to ``ship`` in the putting thread (so ``put``
+        may wait while the host's lock is held)."""
+        self._ship = ship
 
     def put(self, emit: Emit) -> None:
-        taker = self._taker
-        if taker is not None and taker(emit):
+        ship = self._ship
+        if ship is not None:
+            ship(emit)
             return
         self._items.append(emit)
+        self._wake.wake()
+
+    def crashed(self, error: StageError) -> None:
+        self.crash = error
         self._wake.wake()
 
     def drain(self) -> list[Emit]:
@@ -100,7 +92,7 @@ class Scheduler(ABC):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.inbox: queue.Queue[WorkItem | AbortCommand | None] = queue.Queue()
+        self.inbox: queue.Queue[WorkItem | AbortCommand | Wake | None] = queue.Queue()
         self.outbox = Outbox()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -132,7 +124,7 @@ class Scheduler(ABC):
         try:
             self.run()
         except Exception as exc:  # a scheduler bug must surface, not hang the stage silently
-            self.outbox.put(Emit(request_id="*", error=f"scheduler {self.name} crashed: {exc!r}"))
+            self.outbox.crashed(StageError(ErrorCode.STAGE_CRASHED, f"scheduler crashed: {exc!r}", self.name))
             raise
 
     @abstractmethod

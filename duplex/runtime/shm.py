@@ -33,13 +33,13 @@ class Segment:
             os.close(fd)
 
     @classmethod
-    def create(cls, name: str, size: int) -> "Segment":
+    def create(cls, name: str, size: int) -> Segment:
         segment = cls(name, size, create=True)
         segment.prefault()
         return segment
 
     @classmethod
-    def attach(cls, name: str) -> "Segment":
+    def attach(cls, name: str) -> Segment:
         return cls(name, 0, create=False)
 
     def prefault(self) -> None:

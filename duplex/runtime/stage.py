@@ -7,20 +7,19 @@ scheduler's kind.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from duplex.config.pipeline import PipelineConfig, StageConfig
-from duplex.runtime.scheduler import Emit, WorkItem
+from duplex.runtime.contract import Emit, Payload, Request, WorkItem
+from duplex.runtime.ended import EndedRequests
 
 COORDINATOR = "coordinator"
-FINISHED_MEMORY = 20000  # finished request ids remembered, so late inputs are dropped
 
 
 @dataclass
 class _RequestInputs:
-    params: dict = field(default_factory=dict)
+    params: Request | None = None
     next_seq: dict[str, int] = field(default_factory=dict)
     early: dict[str, dict[int, tuple[Any, bool]]] = field(default_factory=dict)  # out of order
     ended: set[str] = field(default_factory=set)
@@ -43,14 +42,14 @@ class StageShell:
         self._wait_for = set(stage.wait_for)
         self._requests: dict[str, _RequestInputs] = {}
         self._out_seq: dict[tuple[str, str], int] = {}
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._finished: EndedRequests[None] = EndedRequests()  # so late inputs for it are dropped
 
     # -- inputs -------------------------------------------------------------------------------
     def knows(self, request_id: str) -> bool:
         return request_id in self._requests
 
     def accept(self, request_id: str, src: str, seq: int, data: Any, eos: bool,
-               params: dict | None) -> list[WorkItem]:
+               params: Request | None) -> list[WorkItem]:
         """Take one arriving item; return the work that is now ready, in order."""
         if src not in self.sources:
             raise ValueError(f"stage {self.name} got input from {src!r}, not one of {self.sources}")
@@ -89,11 +88,13 @@ class StageShell:
 
     def _item(self, request_id: str, req: _RequestInputs, src: str, data: Any, eos: bool) -> WorkItem:
         req.delivered_eos = req.delivered_eos or eos
+        if req.params is None:  # no upstream said (a producer that no longer knew the request)
+            return WorkItem(request_id=request_id, source=src, data=data, eos=eos)
         return WorkItem(request_id=request_id, source=src, data=data, eos=eos, params=req.params)
 
-    def params(self, request_id: str) -> dict:
+    def params(self, request_id: str) -> Request | None:
         req = self._requests.get(request_id)
-        return req.params if req else {}
+        return req.params if req else None
 
     # -- outputs ------------------------------------------------------------------------------
     def routes(self, emit: Emit) -> list[Route]:
@@ -105,8 +106,11 @@ class StageShell:
         return routes
 
     def _for_client(self, data: Any) -> Any:
-        """With ``terminal_keys``, the client gets only those keys of a dict output (the next
-        stage may need tensors the client does not)."""
+        """A payload goes to the client as its ``for_client()`` view (a family's struct may carry
+        tensors for the next stage that the client does not need); with ``terminal_keys``, the
+        client gets only those keys of a dict output."""
+        if isinstance(data, Payload):
+            return data.for_client()
         keys = self.stage.terminal_keys
         if keys is None or not isinstance(data, dict):
             return data
@@ -128,9 +132,7 @@ class StageShell:
     def finish(self, request_id: str) -> None:
         """The stage emitted its last output: forget the request, drop anything late for it."""
         self.forget(request_id)
-        self._finished[request_id] = None
-        while len(self._finished) > FINISHED_MEMORY:
-            self._finished.popitem(last=False)
+        self._finished.add(request_id)
 
     def finished(self, request_id: str) -> bool:
         return request_id in self._finished

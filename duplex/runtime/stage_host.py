@@ -1,13 +1,20 @@
 """A stage process: the I/O shell around one or more (fused) stages' schedulers.
 
-One thread polls every socket and wake-up fd: stage inboxes (PULL), the control broadcast (SUB),
-the schedulers' outboxes and the relay's release queue. Schedulers compute in their own threads.
+One I/O thread polls every socket and wake-up fd: stage inboxes (PULL), the control broadcast
+(SUB), the relay's release queue, held progress reports and the schedulers' crash signals. It
+receives: inputs, acks, aborts, queries. Schedulers compute in their own threads.
 
-A scheduler thread ships its own outputs (route, pack, shm write, send) right after computing
-them: the bytes are hot in that core's cache and no thread has to wake first. The host's state
-(request books, relay, sockets) is touched by one thread at a time, under ``StageHost.lock``;
-ZeroMQ lets a socket move between threads across the full memory barrier a lock gives, and one
-PUSH socket per destination keeps every destination's messages in send order.
+Outputs have one way out: the scheduler thread that made them ships them (``_ship``: route,
+pack, shm write, send) right after computing them, so the bytes are hot in that core's cache and
+no thread has to wake first. The host's state (request books, relay, sockets) is touched by one
+thread at a time, under ``StageHost.lock``; ZeroMQ lets a socket move between threads across the
+full memory barrier a lock gives, and one PUSH socket per destination keeps every destination's
+messages in send order. Inputs a locked section accepts for a scheduler are handed over at its
+end, so an abort in the same section takes them back first.
+
+A scheduler that crashes sets its outbox's ``crash``; the I/O loop then leaves, closes its
+sockets and unlinks its shm segments, and the process exits with status 1 (the coordinator
+fails its requests and restarts it).
 """
 
 from __future__ import annotations
@@ -19,11 +26,11 @@ import signal
 import sys
 import threading
 import time
-from collections import OrderedDict, defaultdict, deque
+from collections import defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
@@ -31,6 +38,8 @@ from duplex.config.pipeline import PipelineConfig, StageConfig
 from duplex.config.placement import stage_budget_bytes
 from duplex.runtime import messages as m
 from duplex.runtime.codec import pack
+from duplex.runtime.contract import BuildContext, Builder, ErrorCode, Request, StageError
+from duplex.runtime.ended import EndedRequests
 from duplex.runtime.progress import ProgressBuffer
 from duplex.runtime.relay import Outlet, RelayReader, RelayWriter
 from duplex.runtime.scheduler import CLIENT, Emit, Scheduler, WorkItem
@@ -39,7 +48,6 @@ from duplex.runtime.stage import COORDINATOR, StageShell
 from duplex.runtime.wakeup import WakePipe
 
 log = logging.getLogger("duplex.stage")
-TOMBSTONE_LIMIT = 20000
 
 
 @dataclass
@@ -54,17 +62,13 @@ class HostSpec:
     use_shm: bool = True
 
 
-@dataclass
-class BuildContext:
-    """What a builder may know about where its stage runs."""
-
-    stage: StageConfig
-    device: str
-    memory_bytes: int | None
-    threads: int
 
 
-Builder = Callable[[StageConfig, BuildContext], object]
+def build_context(pipeline: PipelineConfig, stage: StageConfig) -> BuildContext:
+    """What the stage's builder may know of its stage and where it runs."""
+    return BuildContext(stage=stage.name, args=dict(stage.args), device=stage.device,
+                        memory_bytes=stage_budget_bytes(pipeline, stage), threads=stage.threads,
+                        max_running_requests=getattr(stage.scheduler, "max_running_requests", 1))
 
 
 def segment_prefix(run_id: str, owner: str) -> str:
@@ -107,7 +111,7 @@ class StageHost:
         self.pipeline = PipelineConfig.model_validate(spec.pipeline)
         self.stages: dict[str, _HostedStage] = {}
         self.releases = _ReleaseQueue()
-        self.tombstones: OrderedDict[str, None] = OrderedDict((t, None) for t in spec.tombstones)
+        self.tombstones: EndedRequests[None] = EndedRequests(spec.tombstones)  # aborted or failed here
         self.ctx = zmq.Context()
         self.pushes: dict[str, zmq.Socket] = {}
         self.inboxes: dict[zmq.Socket, str] = {}
@@ -116,20 +120,17 @@ class StageHost:
         self.lock = threading.Lock()  # held by whichever thread touches the host's state
         self._closed = False  # set under the lock: late emits of a stopping scheduler are dropped
         self.progress = ProgressBuffer(lambda reports: self._send(COORDINATOR, reports))
-        # inputs the I/O thread accepted in this wake-up, put into scheduler inboxes at its end
-        # (still under the lock, so they precede anything a scheduler thread delivers next)
+        # inputs accepted in the current locked section, put into scheduler inboxes at its end
         self._handoffs: list[tuple[Scheduler, WorkItem]] = []
-        self._io_thread = threading.get_ident()
+        self.crash: StageError | None = None  # set when a scheduler's loop died: the process exits
         self._build(builders)
 
     # -- setup --------------------------------------------------------------------------------
     def _build(self, builders: Mapping[str, Builder]) -> None:
         for stage in self.pipeline.processes()[self.spec.process]:
-            ctx = BuildContext(stage=stage, device=stage.device,
-                               memory_bytes=stage_budget_bytes(self.pipeline, stage), threads=stage.threads)
-            computation = builders[stage.builder](stage, ctx)
+            computation = builders[stage.builder](build_context(self.pipeline, stage))
             scheduler = make_scheduler(stage, computation)
-            scheduler.outbox.take_in_caller(partial(self._take_emit, stage.name))
+            scheduler.outbox.ship_in_caller(partial(self._ship, stage.name))
             writer = RelayWriter(segment_prefix(self.spec.run_id, stage.name), self.pipeline.relay,
                                  use_shm=self.spec.use_shm)
             outlet = Outlet(writer, self._send)
@@ -163,17 +164,24 @@ class StageHost:
 
     # -- main loop ----------------------------------------------------------------------------
     def serve(self) -> None:
-        self._io_thread = threading.get_ident()
-        sub = self._bind()
-        for hosted in self.stages.values():
-            hosted.scheduler.start()
-        poller, wake_fds = self._poller(sub)
+        """Run the I/O loop until shutdown or a scheduler crash; close everything either way."""
+        try:
+            sub = self._bind()
+            for hosted in self.stages.values():
+                hosted.scheduler.start()
+            self._loop(sub)
+        finally:
+            self._close()
+
+    def _loop(self, sub: zmq.Socket) -> None:
+        poller, crash_fds = self._poller(sub)
         next_expiry = time.monotonic() + 1.0
         while self.running:
             ready = poller.poll(timeout=self.progress.poll_timeout_ms(200))
+            self.progress.awake()
             with self.lock:
                 for sock_or_fd, _ in ready:
-                    self._on_ready(sock_or_fd, sub, wake_fds)
+                    self._on_ready(sock_or_fd, sub, crash_fds)
                     if not self.running:
                         break
                 self.progress.flush_due()
@@ -181,30 +189,30 @@ class StageHost:
                     self._expire_blocks()
                     next_expiry = time.monotonic() + 1.0
                 self._hand_off()  # last before sleeping: a woken scheduler thread finds the GIL free
-        self._close()
 
     def _poller(self, sub: zmq.Socket) -> tuple[zmq.Poller, dict[int, str]]:
         poller = zmq.Poller()
         for sock in self.inboxes:
             poller.register(sock, zmq.POLLIN)
         poller.register(sub, zmq.POLLIN)
-        wake_fds = {h.scheduler.outbox.wake_fd: name for name, h in self.stages.items()}
-        for fd in wake_fds:
+        # an outbox's pipe carries only its crash signal: every emit is shipped by its producer
+        crash_fds = {h.scheduler.outbox.wake_fd: name for name, h in self.stages.items()}
+        for fd in crash_fds:
             poller.register(fd, zmq.POLLIN)
         poller.register(self.releases.wake.fd, zmq.POLLIN)
         poller.register(self.progress.wake_fd, zmq.POLLIN)
-        return poller, wake_fds
+        return poller, crash_fds
 
-    def _on_ready(self, sock_or_fd: zmq.Socket | int, sub: zmq.Socket, wake_fds: dict[int, str]) -> None:
+    def _on_ready(self, sock_or_fd: zmq.Socket | int, sub: zmq.Socket, crash_fds: dict[int, str]) -> None:
         if sock_or_fd is sub:
             self._on_broadcast(m.decode(sub.recv()))
-        elif sock_or_fd in wake_fds:
-            self._on_emits(wake_fds[sock_or_fd])
+        elif sock_or_fd in crash_fds:
+            self._on_crash(crash_fds[sock_or_fd])
         elif sock_or_fd == self.releases.wake.fd:
             self._send_acks()
         elif sock_or_fd == self.progress.wake_fd:
             self.progress.on_wake()
-        else:
+        elif isinstance(sock_or_fd, zmq.Socket):  # a stage's inbox
             self._on_inbox(self.inboxes[sock_or_fd], m.decode(sock_or_fd.recv()))
 
     def _on_broadcast(self, msg: m.Message) -> None:
@@ -249,12 +257,13 @@ class StageHost:
         try:
             data = hosted.reader.decode(msg.payload, msg.src) if msg.payload is not None else None
         except Exception as exc:  # a corrupt payload fails this request only
-            self._fail(hosted, rid, f"{hosted.shell.name}: cannot decode input from {msg.src}: {exc!r}")
+            self._fail(hosted, rid, StageError(ErrorCode.BAD_INPUT, f"cannot decode input from {msg.src}: {exc!r}",
+                                               hosted.shell.name))
             return
         self._deliver(hosted, rid, msg.src, msg.seq, data, msg.eos, msg.params)
 
     def _deliver(self, hosted: _HostedStage, rid: str, src: str, seq: int, data: Any, eos: bool,
-                 params: dict | None) -> None:
+                 params: Request | None) -> None:
         shell = hosted.shell
         if rid in self.tombstones or shell.finished(rid):
             hosted.counters["dropped_late"] += 1
@@ -263,35 +272,29 @@ class StageHost:
         try:
             items = shell.accept(rid, src, seq, data, eos, params)
         except ValueError as exc:
-            self._fail(hosted, rid, str(exc))
+            self._fail(hosted, rid, StageError(ErrorCode.BAD_INPUT, str(exc), shell.name))
             return
-        if threading.get_ident() == self._io_thread:
-            self._handoffs.extend((hosted.scheduler, item) for item in items)
-        else:
-            for item in items:
-                hosted.scheduler.inbox.put(item)
+        self._handoffs.extend((hosted.scheduler, item) for item in items)
         if first:
             hosted.counters["admitted"] += 1
             self._report(rid, shell.name, "admitted")
 
     # -- data out -----------------------------------------------------------------------------
-    def _take_emit(self, stage: str, emit: Emit) -> bool:
-        """Ship an emit in the scheduler thread that made it; a crash report is left to the
-        I/O thread, which ends the process."""
-        if emit.request_id == "*":
-            return False
+    def _ship(self, stage: str, emit: Emit) -> None:
+        """Ship an emit, in the scheduler thread that made it (after ``_close`` it is dropped)."""
         with self.lock:
             if not self._closed:
                 self._on_emit(self.stages[stage], emit)
-        return True
+                self._hand_off()  # a fused next stage's inputs
 
-    def _on_emits(self, stage: str) -> None:
-        hosted = self.stages[stage]
-        for emit in hosted.scheduler.outbox.drain():
-            if emit.request_id == "*":
-                log.error("%s", emit.error)
-                raise SystemExit(1)  # the supervisor restarts this process
-            self._on_emit(hosted, emit)
+    def _on_crash(self, stage: str) -> None:
+        outbox = self.stages[stage].scheduler.outbox
+        outbox.drain()  # empties the pipe; nothing is queued there (see ``_ship``)
+        if outbox.crash is None:
+            return
+        log.error("%s", outbox.crash)
+        self.crash = outbox.crash
+        self.running = False  # the loop leaves, ``serve`` closes, ``host_main`` exits with 1
 
     def _on_emit(self, hosted: _HostedStage, emit: Emit) -> None:
         if emit.request_id in self.tombstones:
@@ -335,7 +338,7 @@ class StageHost:
                 log.warning("stage %s: reclaimed %d shm blocks whose ack timed out", name, overdue)
 
     # -- request lifetime ---------------------------------------------------------------------
-    def _fail(self, hosted: _HostedStage, rid: str, error: str) -> None:
+    def _fail(self, hosted: _HostedStage, rid: str, error: StageError) -> None:
         self._send(COORDINATOR, m.DataReady(request_id=rid, src=hosted.shell.name, dst=COORDINATOR, seq=0,
                                             eos=True, payload=None, sent_ns=time.monotonic_ns(), error=error))
         self._abort(rid)
@@ -360,14 +363,10 @@ class StageHost:
         self._report(rid, hosted.shell.name, "released")
 
     def _report(self, rid: str, stage: str, event: str) -> None:
-        self.progress.add(m.Progress(request_id=rid, stage=stage, event=event),
-                          from_io_thread=threading.get_ident() == self._io_thread)
+        self.progress.add(m.Progress(request_id=rid, stage=stage, event=event))
 
     def _tombstone(self, rid: str) -> None:
-        self.tombstones[rid] = None
-        self.tombstones.move_to_end(rid)
-        while len(self.tombstones) > TOMBSTONE_LIMIT:
-            self.tombstones.popitem(last=False)
+        self.tombstones.add(rid)
 
     def _stats(self, name: str, query_id: int) -> m.StageStats:
         hosted = self.stages[name]
@@ -421,4 +420,6 @@ def host_main(spec: HostSpec, builders: Mapping[str, Builder]) -> None:
         sys.modules["torch"].set_num_threads(threads)
     signal.signal(signal.SIGTERM, lambda *_: setattr(host, "running", False))
     host.serve()
+    if host.crash is not None:
+        sys.exit(1)  # after ``serve`` closed the sockets and unlinked the segments
 

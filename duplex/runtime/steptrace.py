@@ -24,7 +24,8 @@ class StepTrace:
         self._file = None
         if folder:
             Path(folder).mkdir(parents=True, exist_ok=True)
-            self._file = open(Path(folder) / f"{stage}-{os.getpid()}.jsonl", "a", buffering=1)
+            # held open across steps (line-buffered appends) until close(); no single block to scope it to
+            self._file = open(Path(folder) / f"{stage}-{os.getpid()}.jsonl", "a", buffering=1)  # noqa: SIM115
 
     @property
     def enabled(self) -> bool:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-SAMPLE_RATE = 16000
+import numpy as np
+
+from duplex.runtime.contract import SESSION_RATE
+
 _GAP_S = 0.1  # arriving this much later than the stream clock predicts means samples were skipped
 
 
@@ -12,7 +15,7 @@ class InputClock:
     arrival (jitter only ever delays). A stream that stopped and resumed (DTX, packet loss)
     arrives late by more than jitter allows, and the anchor moves forward to it."""
 
-    def __init__(self, rate: int = SAMPLE_RATE) -> None:
+    def __init__(self, rate: int = SESSION_RATE) -> None:
         self.rate = rate
         self.samples = 0
         self._anchor: float | None = None
@@ -28,3 +31,22 @@ class InputClock:
     def time_at(self, stream_ms: float) -> float:
         """Monotonic time of a point in the stream (ms since its first sample)."""
         return (self._anchor or 0.0) + stream_ms / 1000.0
+
+
+class InputFrames:
+    """Caller audio of any length -> whole frames, each with the time its last sample was
+    captured (on the monotonic clock, through ``InputClock``). A partial frame waits for more."""
+
+    def __init__(self) -> None:
+        self.clock = InputClock()
+        self._pending = np.zeros(0, np.int16)
+
+    def push(self, samples: np.ndarray, arrival: float, frame_len: int) -> list[tuple[np.ndarray, float]]:
+        end_time = self.clock.advance(len(samples), arrival)
+        audio = np.concatenate([self._pending, samples.astype(np.int16, copy=False)])
+        whole = len(audio) - len(audio) % frame_len
+        self._pending = audio[whole:]
+        rate = self.clock.rate
+        last_end = end_time - len(self._pending) / rate  # just after the last whole frame
+        return [(audio[start:start + frame_len], last_end - (whole - start - frame_len) / rate)
+                for start in range(0, whole, frame_len)]

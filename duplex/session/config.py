@@ -24,7 +24,7 @@ class VadConfig(_Strict):
     floor_margin_db: float = 12.0  # a voiced frame must be this far above the noise floor
 
     @model_validator(mode="after")
-    def _check(self) -> "VadConfig":
+    def _check(self) -> VadConfig:
         if self.frame_ms not in (10, 20, 30):
             raise ValueError("vad.frame_ms must be 10, 20 or 30 (webrtcvad frame sizes)")
         if self.start_window_ms < self.min_speech_ms:
@@ -65,7 +65,7 @@ class SessionConfig(_Strict):
     end_of_session_request: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "SessionConfig":
+    def _check(self) -> SessionConfig:
         preempt = self.preemptive_generation
         if preempt.enabled and preempt.pause_ms >= self.vad.silence_ms:
             raise ValueError(f"preemptive_generation.pause_ms ({preempt.pause_ms}) must be shorter than "

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from duplex.runtime.contract import SESSION_RATE
 from duplex.session.config import EchoConfig
 
-SAMPLE_RATE = 16000
 TRACK_MS = 200  # input span used to find the delay; long enough to hold a syllable
 _TRACK_MIN_CORRELATION = 0.8  # a delay is adopted only from a clear match
 _NEAR_MS = 3  # the per-frame check looks this far either side of the tracked delay
@@ -31,10 +31,10 @@ _NEAR_MS = 3  # the per-frame check looks this far either side of the tracked de
 class EchoGate:
     def __init__(self, config: EchoConfig) -> None:
         self.config = config
-        self._max_delay = SAMPLE_RATE * config.max_delay_ms // 1000
-        self._track_len = SAMPLE_RATE * TRACK_MS // 1000
-        self._near = SAMPLE_RATE * _NEAR_MS // 1000
-        self._ref = np.zeros(self._max_delay + self._track_len + 2 * SAMPLE_RATE // 10, np.float32)
+        self._max_delay = SESSION_RATE * config.max_delay_ms // 1000
+        self._track_len = SESSION_RATE * TRACK_MS // 1000
+        self._near = SESSION_RATE * _NEAR_MS // 1000
+        self._ref = np.zeros(self._max_delay + self._track_len + 2 * SESSION_RATE // 10, np.float32)
         self._ref_end: float | None = None  # output-clock time (s) just after the newest sample
         self._input = np.zeros(self._track_len, np.float32)
         self._delay: int | None = None  # samples from output to input, once tracked
@@ -43,14 +43,14 @@ class EchoGate:
 
     @property
     def delay_ms(self) -> float | None:
-        return None if self._delay is None else 1000.0 * self._delay / SAMPLE_RATE
+        return None if self._delay is None else 1000.0 * self._delay / SESSION_RATE
 
     def record_output(self, samples: np.ndarray, end_time: float) -> None:
         """Output just handed to the caller: int16 or float mono 16 kHz ending at ``end_time``
         (seconds on the clock the input times use). Gaps in time are kept as silence."""
         x = _as_float(samples)
         if self._ref_end is not None:
-            gap = int(round((end_time - len(x) / SAMPLE_RATE - self._ref_end) * SAMPLE_RATE))
+            gap = round((end_time - len(x) / SESSION_RATE - self._ref_end) * SESSION_RATE)
             if 0 < gap < len(self._ref):
                 x = np.concatenate([np.zeros(gap, np.float32), x])
         self._ref_end = end_time
@@ -83,7 +83,7 @@ class EchoGate:
         the newest recorded output reads as silence (it has not been played yet)."""
         if self._ref_end is None:
             return None
-        lag = int(round((self._ref_end - end_time) * SAMPLE_RATE))
+        lag = round((self._ref_end - end_time) * SESSION_RATE)
         if lag < 0:
             ahead = min(-lag, length)
             return np.concatenate([self._ref[len(self._ref) - (length - ahead):], np.zeros(ahead, np.float32)])

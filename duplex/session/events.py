@@ -6,74 +6,130 @@ of ours that have no Realtime counterpart are prefixed ``duplex.``.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Literal
 
 import msgspec
 
+# -- resources inside server events ----------------------------------------------------------
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+ResponseStatus = Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
 
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: Literal["input_audio", "output_audio"]
+    transcript: str | None = None
+
+
+class MessageItem(msgspec.Struct, kw_only=True):
+    id: str
+    type: str = "message"
+    role: Literal["user", "assistant"]
+    status: ItemStatus
+    content: list[ContentPart]
+
+
+class StatusDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
+    type: Literal["cancelled", "failed"]
+    reason: str | None = None  # why it was cancelled (turn_detected, client_cancelled, ...)
+    error: str | None = None  # what failed it
+
+
+class ResponseResource(msgspec.Struct, kw_only=True):
+    id: str
+    object: str = "realtime.response"
+    status: ResponseStatus
+    status_details: StatusDetails | None = None
+    output: list[MessageItem]
+    output_modalities: list[str] = msgspec.field(default_factory=lambda: ["audio"])
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    type: str  # invalid_request_error | server_error
+    code: str
+    message: str
+    event_id: str | None = None  # the client event it answers
+
+
+def user_audio_item(item_id: str) -> MessageItem:
+    """The caller's turn, as the conversation item it becomes when committed."""
+    return MessageItem(id=item_id, role="user", status="completed",
+                       content=[ContentPart(type="input_audio", transcript=None)])
+
+
+def assistant_item(item_id: str, transcript: str, status: ItemStatus) -> MessageItem:
+    return MessageItem(id=item_id, role="assistant", status=status,
+                       content=[ContentPart(type="output_audio", transcript=transcript)])
+
+
+def response_resource(response_id: str, item_id: str, transcript: str, status: ResponseStatus,
+                      details: StatusDetails | None = None) -> ResponseResource:
+    """A response as ``response.created`` / ``response.done`` describe it: no output while in
+    progress, then its one assistant item (complete only if the response completed)."""
+    output = [] if status == "in_progress" else [
+        assistant_item(item_id, transcript, "completed" if status == "completed" else "incomplete")]
+    return ResponseResource(id=response_id, status=status, status_details=details, output=output)
+
+
+# -- server events -----------------------------------------------------------------------------
 class ServerEvent(msgspec.Struct, kw_only=True, tag_field="type"):
     event_id: str = ""  # set by the session when it sends the event
 
 
-def _server(name: str) -> dict[str, Any]:
-    return {"tag": name, "kw_only": True, "tag_field": "type"}
-
-
-class SessionCreated(ServerEvent, **_server("session.created")):
+class SessionCreated(ServerEvent, kw_only=True, tag="session.created"):
     session: dict
 
 
-class SessionUpdated(ServerEvent, **_server("session.updated")):
+class SessionUpdated(ServerEvent, kw_only=True, tag="session.updated"):
     session: dict
 
 
-class SpeechStarted(ServerEvent, **_server("input_audio_buffer.speech_started")):
+class SpeechStarted(ServerEvent, kw_only=True, tag="input_audio_buffer.speech_started"):
     audio_start_ms: int
     item_id: str
 
 
-class SpeechStopped(ServerEvent, **_server("input_audio_buffer.speech_stopped")):
+class SpeechStopped(ServerEvent, kw_only=True, tag="input_audio_buffer.speech_stopped"):
     audio_end_ms: int
     item_id: str
 
 
-class InputCommitted(ServerEvent, **_server("input_audio_buffer.committed")):
+class InputCommitted(ServerEvent, kw_only=True, tag="input_audio_buffer.committed"):
     item_id: str
     previous_item_id: str | None = None
 
 
-class InputCleared(ServerEvent, **_server("input_audio_buffer.cleared")):
+class InputCleared(ServerEvent, kw_only=True, tag="input_audio_buffer.cleared"):
     pass
 
 
-class ItemAdded(ServerEvent, **_server("conversation.item.added")):
-    item: dict
+class ItemAdded(ServerEvent, kw_only=True, tag="conversation.item.added"):
+    item: MessageItem
     previous_item_id: str | None = None
 
 
-class TranscriptionDelta(ServerEvent, **_server("conversation.item.input_audio_transcription.delta")):
+class TranscriptionDelta(ServerEvent, kw_only=True, tag="conversation.item.input_audio_transcription.delta"):
     item_id: str
     content_index: int = 0
     delta: str
 
 
-class TranscriptionCompleted(ServerEvent, **_server("conversation.item.input_audio_transcription.completed")):
+class TranscriptionCompleted(ServerEvent, kw_only=True, tag="conversation.item.input_audio_transcription.completed"):
     item_id: str
     content_index: int = 0
     transcript: str
 
 
-class ResponseCreated(ServerEvent, **_server("response.created")):
-    response: dict
+class ResponseCreated(ServerEvent, kw_only=True, tag="response.created"):
+    response: ResponseResource
 
 
-class OutputItemAdded(ServerEvent, **_server("response.output_item.added")):
+class OutputItemAdded(ServerEvent, kw_only=True, tag="response.output_item.added"):
     response_id: str
     output_index: int = 0
-    item: dict
+    item: MessageItem
 
 
-class AudioTranscriptDelta(ServerEvent, **_server("response.output_audio_transcript.delta")):
+class AudioTranscriptDelta(ServerEvent, kw_only=True, tag="response.output_audio_transcript.delta"):
     response_id: str
     item_id: str
     output_index: int = 0
@@ -81,7 +137,7 @@ class AudioTranscriptDelta(ServerEvent, **_server("response.output_audio_transcr
     delta: str
 
 
-class AudioTranscriptDone(ServerEvent, **_server("response.output_audio_transcript.done")):
+class AudioTranscriptDone(ServerEvent, kw_only=True, tag="response.output_audio_transcript.done"):
     response_id: str
     item_id: str
     output_index: int = 0
@@ -89,37 +145,37 @@ class AudioTranscriptDone(ServerEvent, **_server("response.output_audio_transcri
     transcript: str
 
 
-class ResponseDone(ServerEvent, **_server("response.done")):
-    response: dict
+class ResponseDone(ServerEvent, kw_only=True, tag="response.done"):
+    response: ResponseResource
 
 
-class OutputAudioStarted(ServerEvent, **_server("output_audio_buffer.started")):
+class OutputAudioStarted(ServerEvent, kw_only=True, tag="output_audio_buffer.started"):
     response_id: str
 
 
-class OutputAudioStopped(ServerEvent, **_server("output_audio_buffer.stopped")):
+class OutputAudioStopped(ServerEvent, kw_only=True, tag="output_audio_buffer.stopped"):
     response_id: str
 
 
-class OutputAudioCleared(ServerEvent, **_server("output_audio_buffer.cleared")):
+class OutputAudioCleared(ServerEvent, kw_only=True, tag="output_audio_buffer.cleared"):
     response_id: str
 
 
-class ItemTruncated(ServerEvent, **_server("conversation.item.truncated")):
+class ItemTruncated(ServerEvent, kw_only=True, tag="conversation.item.truncated"):
     item_id: str
     content_index: int = 0
     audio_end_ms: int
 
 
-class ErrorEvent(ServerEvent, **_server("error")):
-    error: dict
+class ErrorEvent(ServerEvent, kw_only=True, tag="error"):
+    error: ErrorDetail
 
 
-class StateChanged(ServerEvent, **_server("duplex.state")):
+class StateChanged(ServerEvent, kw_only=True, tag="duplex.state"):
     state: str
 
 
-class TurnMetrics(ServerEvent, **_server("duplex.metrics")):
+class TurnMetrics(ServerEvent, kw_only=True, tag="duplex.metrics"):
     """Per-turn timings measured at the server: time to first audio (end of user speech ->
     first agent frame handed to the transport) and barge-in stop (speech onset -> output
     flushed)."""
@@ -129,7 +185,7 @@ class TurnMetrics(ServerEvent, **_server("duplex.metrics")):
     barge_in_ms: float | None = None
 
 
-class PreemptiveStarted(ServerEvent, **_server("duplex.preemptive.started")):
+class PreemptiveStarted(ServerEvent, kw_only=True, tag="duplex.preemptive.started"):
     """The caller paused: a response to the turn so far is being made, its audio held back."""
 
     item_id: str  # the user item it answers
@@ -137,7 +193,7 @@ class PreemptiveStarted(ServerEvent, **_server("duplex.preemptive.started")):
     audio_end_ms: int  # the caller's audio it answers ends here (stream time)
 
 
-class PreemptiveCancelled(ServerEvent, **_server("duplex.preemptive.cancelled")):
+class PreemptiveCancelled(ServerEvent, kw_only=True, tag="duplex.preemptive.cancelled"):
     """The caller went on speaking: the speculative response was aborted, unheard."""
 
     item_id: str
@@ -146,7 +202,7 @@ class PreemptiveCancelled(ServerEvent, **_server("duplex.preemptive.cancelled"))
     reason: str
 
 
-class PreemptiveCommitted(ServerEvent, **_server("duplex.preemptive.committed")):
+class PreemptiveCommitted(ServerEvent, kw_only=True, tag="duplex.preemptive.committed"):
     """The turn ended as the speculation assumed: the response (``response_id``) plays now."""
 
     item_id: str
@@ -194,15 +250,11 @@ class SessionSettings(msgspec.Struct, kw_only=True):
     audio: AudioSettings | None = None  # GA shape: audio.input.turn_detection
 
 
-def _client(name: str) -> dict[str, Any]:
-    return {"tag": name, "kw_only": True, "tag_field": "type"}
-
-
 class ClientEvent(msgspec.Struct, kw_only=True, tag_field="type"):
     event_id: str | None = None
 
 
-class SessionUpdate(ClientEvent, **_client("session.update")):
+class SessionUpdate(ClientEvent, kw_only=True, tag="session.update"):
     session: SessionSettings
 
 
@@ -210,33 +262,33 @@ class ResponseOptions(msgspec.Struct, kw_only=True):
     instructions: str | None = None
 
 
-class ResponseCreate(ClientEvent, **_client("response.create")):
+class ResponseCreate(ClientEvent, kw_only=True, tag="response.create"):
     response: ResponseOptions | None = None
 
 
-class ResponseCancel(ClientEvent, **_client("response.cancel")):
+class ResponseCancel(ClientEvent, kw_only=True, tag="response.cancel"):
     response_id: str | None = None
 
 
-class ItemTruncate(ClientEvent, **_client("conversation.item.truncate")):
+class ItemTruncate(ClientEvent, kw_only=True, tag="conversation.item.truncate"):
     item_id: str
     content_index: int = 0
     audio_end_ms: int
 
 
-class InputClear(ClientEvent, **_client("input_audio_buffer.clear")):
+class InputClear(ClientEvent, kw_only=True, tag="input_audio_buffer.clear"):
     pass
 
 
-class OutputClear(ClientEvent, **_client("output_audio_buffer.clear")):
+class OutputClear(ClientEvent, kw_only=True, tag="output_audio_buffer.clear"):
     pass
 
 
 CLIENT_EVENTS = (SessionUpdate, ResponseCreate, ResponseCancel, ItemTruncate, InputClear, OutputClear)
-AnyClientEvent = Union[SessionUpdate, ResponseCreate, ResponseCancel, ItemTruncate, InputClear, OutputClear]
+AnyClientEvent = SessionUpdate | ResponseCreate | ResponseCancel | ItemTruncate | InputClear | OutputClear
 _client_decoder = msgspec.json.Decoder(AnyClientEvent)
 _type_probe = msgspec.json.Decoder(dict)
-KNOWN_CLIENT_EVENTS = frozenset(cls.__struct_config__.tag for cls in CLIENT_EVENTS)
+KNOWN_CLIENT_EVENTS = frozenset(str(cls.__struct_config__.tag) for cls in CLIENT_EVENTS)
 
 
 class ClientEventError(ValueError):

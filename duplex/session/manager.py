@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import secrets
-from typing import Callable
+from collections.abc import Callable
 
 from duplex.session import events as ev
 from duplex.session.config import SessionConfig
 from duplex.session.playout import OutputFormat
-from duplex.session.runtime_port import VoiceRuntime
+from duplex.session.port import VoiceRuntime
 from duplex.session.session import VoiceSession
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Awaitable, Callable
 
 
 class FramePacer:
@@ -13,10 +13,12 @@ class FramePacer:
     sending a burst of catch-up frames; the caller's timestamps stay continuous either way."""
 
     def __init__(self, frame_s: float = 0.02, max_lag_s: float = 0.2,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.frame_s = frame_s
         self.max_lag_s = max_lag_s
         self._clock = clock
+        self._sleep = sleep  # with ``clock``, a test's own time
         self._anchor: float | None = None
         self._count = 0
         self.reanchors = 0
@@ -31,6 +33,6 @@ class FramePacer:
             self._anchor, self._count, due = now, 0, now
             self.reanchors += 1
         elif due > now:
-            await asyncio.sleep(due - now)
+            await self._sleep(due - now)
         self._count += 1
         return due

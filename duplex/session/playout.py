@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import av
 import numpy as np
+
+from duplex.audio import Resampler
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Playout:
     def __init__(self, fmt: OutputFormat = OutputFormat()) -> None:
         self.format = fmt
         self._buffer = np.zeros(0, np.int16)
-        self._resampler: av.AudioResampler | None = None
+        self._resampler: Resampler | None = None
         self._item_id: str | None = None
         self._item_complete = False
         self._played_samples = 0
@@ -65,21 +66,18 @@ class Playout:
         self._item_id = item_id
         self._item_complete = False
         self._played_samples = 0
-        self._resampler = av.AudioResampler(format="s16", layout=self.format.layout, rate=self.format.sample_rate)
+        self._resampler = Resampler(self.format.sample_rate, self.format.channels)
 
     def push(self, audio: np.ndarray, sample_rate: int) -> None:
         """Queue float32 mono agent audio at any rate (converted to the output format)."""
         if self._resampler is None or audio.size == 0:
             return
-        samples = np.ascontiguousarray(audio, np.float32).reshape(1, -1)
-        frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
-        frame.sample_rate = sample_rate
-        self._append(self._resampler.resample(frame))
+        self._append(self._resampler(np.asarray(audio, np.float32), sample_rate))
 
     def complete_item(self) -> None:
         """No more audio will come for the current item; queue the resampler's tail."""
         if self._resampler is not None and not self._item_complete:
-            self._append(self._resampler.resample(None))
+            self._append(self._resampler.flush())
         self._item_complete = True
 
     def pull(self) -> PulledFrame:
@@ -107,7 +105,6 @@ class Playout:
         self._item_complete = False
         return played
 
-    def _append(self, frames: list[av.AudioFrame]) -> None:
-        chunks = [f.to_ndarray().reshape(-1) for f in frames]
-        if chunks:
-            self._buffer = np.concatenate([self._buffer, *chunks])
+    def _append(self, pcm: np.ndarray) -> None:
+        if pcm.size:
+            self._buffer = np.concatenate([self._buffer, pcm])

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
+from duplex.runtime.contract import SESSION_RATE
 from duplex.session import events as ev
 from duplex.session.config import SessionConfig
-from duplex.session.session import State, VoiceSession
+from duplex.session.session import VoiceSession
+from duplex.session.states import CallState
 
 MAX_EVENT_BYTES = 64 * 1024
 
@@ -18,7 +21,8 @@ def describe_session(session: VoiceSession, model: str) -> dict:
     return {"id": session.session_id, "object": "realtime.session", "type": "realtime", "model": model,
             "instructions": session.config.instructions, "output_modalities": ["audio"],
             "preemptive_generation": session.config.preemptive_generation.model_dump(),
-            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": turn_detection},
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": SESSION_RATE},
+                                "turn_detection": turn_detection},
                       "output": {"format": {"type": "audio/pcm", "rate": session.playout.format.sample_rate}}}}
 
 
@@ -51,7 +55,7 @@ def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> Sessi
         raise ValueError("; ".join(_where(e) + e["msg"] for e in exc.errors())) from None
 
 
-def _where(error: dict) -> str:
+def _where(error: ErrorDetails) -> str:
     return ".".join(map(str, error["loc"])) + ": " if error["loc"] else ""
 
 
@@ -90,7 +94,7 @@ def _update(session: VoiceSession, event: ev.SessionUpdate, model: str) -> None:
 
 
 def _truncate(session: VoiceSession, event: ev.ItemTruncate) -> None:
-    if event.item_id != session.playout.item_id or session.state is not State.AGENT_SPEAKING:
+    if event.item_id != session.playout.item_id or session.state is not CallState.AGENT_SPEAKING:
         session.emit_error("item_not_playing", f"item {event.item_id!r} is not being played", event.event_id)
         return
     session.cancel_response("client_truncated", audio_end_ms=event.audio_end_ms)

@@ -1,44 +1,92 @@
-"""Book-keeping of one response: its ids, its runtime turn, what was heard, its timings."""
+"""One response: its ids, its runtime turn, its state, what it held back, what was heard, timings.
+
+What the response's booleans used to say (audio began, finished, cancelled, over, speculative)
+is now its state (``states.ResponseState``); the properties below read it."""
 
 from __future__ import annotations
 
-from typing import Callable
+from duplex.runtime.contract import Transcript
+from duplex.session.port import Turn, TurnEnded, TurnEvent, TurnStatus
+from duplex.session.states import RESPONSE_TRANSITIONS, ResponseState, StateMachine
 
-from duplex.session.runtime_port import Turn, TurnEnded, TurnOutput
+_AUDIO_QUEUED = frozenset({ResponseState.SPEAKING, ResponseState.DRAINING})
+_RUNTIME_ENDED = frozenset({ResponseState.DRAINING, ResponseState.DONE, ResponseState.FAILED})
 
 
 class Response:
-    def __init__(self, turn: Turn, item_id: str, user_item_id: str | None, clock: Callable[[], float]) -> None:
+    def __init__(self, turn: Turn, item_id: str, user_item_id: str | None) -> None:
         self.turn = turn
         self.id = "resp_" + item_id.split("_", 1)[1]
         self.item_id = item_id  # the assistant message item its audio and transcript belong to
         self.user_item_id = user_item_id
-        self._clock = clock
+        self._machine = StateMachine(f"response {self.id}", ResponseState.LISTENING, RESPONSE_TRANSITIONS)
         self.transcript: list[str] = []
-        self.audio_began = False  # its audio was queued for playout
-        self.finished = False  # the runtime ended it (completed / failed)
-        self.cancelled = False  # we stopped it; later outputs are dropped
-        self.over = False  # nothing more will be played for it
+        self.held: list[TurnEvent] = []  # outputs waiting for the turn to be committed
         self.played_ms = 0
         self.audio_received_ms = 0.0  # agent audio the runtime delivered (played or not)
-        # Speculative (preemptive) response: its outputs wait here until the turn really ends.
-        self.speculative = False
-        self.held: list[TurnOutput | TurnEnded] = []
-        self.speech_end: float | None = None
+        self.speech_end: float | None = None  # when the turn it answers ended (monotonic)
         self.ttfa_ms: float | None = None
 
-    def begin(self, speech_end: float) -> None:
+    # -- state ----------------------------------------------------------------------------------
+    @property
+    def state(self) -> ResponseState:
+        return self._machine.state
+
+    def move(self, new: ResponseState) -> None:
+        self._machine.move(new)
+        if self._machine.ended:
+            self.held = []  # a response that ends before its turn was committed drops what it held
+
+    @property
+    def live(self) -> bool:
+        """Something may still be played or produced for it."""
+        return not self._machine.ended
+
+    @property
+    def committed(self) -> bool:
+        """It was announced to the client (response.created): its turn was committed, whatever
+        happened since."""
+        return self.speech_end is not None
+
+    @property
+    def input_open(self) -> bool:
+        """The caller's turn still streams into its request."""
+        return self.state is ResponseState.LISTENING
+
+    @property
+    def speculative(self) -> bool:
+        return self.state is ResponseState.SPECULATIVE
+
+    @property
+    def audio_began(self) -> bool:
+        """Its audio was queued for playout (and it was not stopped since)."""
+        return self.state in _AUDIO_QUEUED
+
+    @property
+    def runtime_ended(self) -> bool:
+        """The runtime ended it (completed or failed): there is nothing to abort."""
+        return self.state in _RUNTIME_ENDED
+
+    def holds(self, event: TurnEvent) -> bool:
+        """Whether ``event`` waits for the turn to be committed. A speculation holds everything
+        (its transcript too: the caller may speak past it). While the caller speaks, their
+        transcript passes and a failure ends the response now; the agent's output waits."""
+        if self.state is ResponseState.SPECULATIVE:
+            return True
+        if self.state is not ResponseState.LISTENING:
+            return False
+        if isinstance(event, TurnEnded):
+            return event.status is TurnStatus.COMPLETED
+        return not isinstance(event, Transcript)
+
+    # -- timings --------------------------------------------------------------------------------
+    def commit(self, speech_end: float) -> list[TurnEvent]:
+        """The turn it answers ended at ``speech_end``; returns the outputs it held, in order."""
+        held, self.held = self.held, []
         self.speech_end = speech_end
+        self.move(ResponseState.COMMITTED)
+        return held
 
     def on_first_audio(self, due: float) -> None:
         if self.speech_end is not None:
             self.ttfa_ms = round(1000 * (due - self.speech_end), 1)
-
-    def item(self, status: str) -> dict:
-        content = [{"type": "output_audio", "transcript": "".join(self.transcript)}]
-        return {"id": self.item_id, "type": "message", "role": "assistant", "status": status, "content": content}
-
-    def describe(self, status: str, details: dict | None = None) -> dict:
-        output = [] if status == "in_progress" else [self.item("completed" if status == "completed" else "incomplete")]
-        return {"id": self.id, "object": "realtime.response", "status": status, "status_details": details,
-                "output": output, "output_modalities": ["audio"]}

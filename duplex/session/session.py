@@ -4,347 +4,334 @@ The transport pushes the caller's audio (16 kHz mono int16) as it arrives and pu
 frame every ``frame_ms``; everything else the session decides itself. It runs on one asyncio
 loop; nothing here blocks.
 
-States: ``idle`` (listening) -> ``user_speaking`` (VAD onset; the turn's audio streams to the
-runtime) -> ``responding`` (end of speech; waiting for the first agent audio) ->
-``agent_speaking`` (agent audio is being played) -> ``idle`` when it has all been played. Speech
-onset in ``responding`` or ``agent_speaking`` is a barge-in: the output is flushed at once, the
-response aborted in every stage, the client told where its audio was cut, and a new turn begins.
+Two state machines (``states.py``) say where things stand: the call's (idle -> user_speaking ->
+responding -> agent_speaking -> idle) and each response's (listening -> [speculative ->]
+committed -> speaking -> draining -> done, or cancelled / failed). Turn cues come from
+``turns.TurnDetector``. Speech onset while a response is live is a barge-in: the output is
+flushed at once, the response aborted in every stage, the client told where its audio was cut,
+and a new turn begins.
 
-Preemptive generation (``preemptive_generation.enabled``): a pause of ``pause_ms`` while the
-user speaks closes the turn's input, so the pipeline starts answering during the rest of the
-end-of-turn silence; that speculative response's outputs are held, not played. Voice again
-before the silence completes aborts it (the runtime abort) and the whole turn's audio so far
-goes into a fresh request; the silence completing releases the held outputs at once.
+Preemptive generation (``preemptive_generation.enabled``): a pause of ``pause_ms`` closes the
+turn's input, so the pipeline starts answering during the rest of the end-of-turn silence; that
+speculative response's outputs are held. Voice again before the silence completes aborts it and
+the whole turn's audio so far goes into a fresh request (``supersedes`` names the old one); the
+silence completing releases the held outputs at once.
 
 What the caller heard of an interrupted response travels with the session's next request as
-params ``truncate`` (and a superseded speculative request as ``supersedes``), so a pipeline that
-keeps history can keep only the heard part; see ``_interrupt`` and docs/edge.md.
+``TurnRequest.heard``, so a pipeline that keeps history can keep only the heard part; see
+``_interrupt`` and docs/edge.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
-from collections import deque
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
-import av
+import msgspec
 import numpy as np
 
+from duplex.runtime.contract import (
+    AgentAudio,
+    AgentText,
+    ErrorCode,
+    Heard,
+    SessionEnd,
+    StageError,
+    Transcript,
+    TurnRequest,
+)
 from duplex.session import events as ev
-from duplex.session.clock import InputClock
+from duplex.session.announce import Announcer
+from duplex.session.clock import InputFrames
 from duplex.session.config import SessionConfig
 from duplex.session.echo import EchoGate
 from duplex.session.playout import OutputFormat, Playout
+from duplex.session.port import TurnEnded, TurnEvent, TurnStatus, VoiceRuntime
+from duplex.session.reference import OutputReference
 from duplex.session.response import Response
-from duplex.session.runtime_port import Turn, TurnEnded, TurnOutput, VoiceRuntime
-from duplex.session.vad import (
-    SAMPLE_RATE,
-    FrameClassifier,
-    SpeechPaused,
-    SpeechResumed,
-    SpeechStarted,
-    SpeechStopped,
-    TurnDetector,
-)
+from duplex.session.states import CALL_TRANSITIONS, CallState, ResponseState, StateMachine
+from duplex.session.turn_audio import TurnAudio
+from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
+from duplex.session.vad import FrameClassifier
 
 log = logging.getLogger("duplex.session")
-FEED_MS = 100  # user audio goes to the runtime in chunks this long while the user speaks
+FEED_MS = 100  # caller audio goes to the runtime in chunks this long while the caller speaks
 
 
-class State(str, enum.Enum):
-    IDLE = "idle"
-    USER_SPEAKING = "user_speaking"
-    RESPONDING = "responding"
-    AGENT_SPEAKING = "agent_speaking"
-    CLOSED = "closed"
+@dataclass
+class SessionCounters:
+    turns: int = 0
+    responses: int = 0
+    barge_ins: int = 0
+    cancelled: int = 0
+    errors: int = 0
+    preemptive_starts: int = 0
+    preemptive_aborts: int = 0
+    preemptive_commits: int = 0
 
 
 class VoiceSession:
     def __init__(self, session_id: str, runtime: VoiceRuntime, config: SessionConfig,
-                 send: Callable[[ev.ServerEvent], None], output_format: OutputFormat = OutputFormat(),
+                 send: Callable[[ev.ServerEvent], None], output_format: OutputFormat | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.session_id = session_id
         self.runtime = runtime
         self.config = config
-        self._send = send
         self._clock = clock
-        self.state = State.IDLE
+        self.tell = Announcer(session_id, send)
+        self._call = StateMachine("call", CallState.IDLE, CALL_TRANSITIONS)
         self.classifier = FrameClassifier(config.vad)
-        self.detector = TurnDetector(config.vad, config.pause_ms)
+        self.detector = TurnDetector.for_session(config)
         self.echo = EchoGate(config.echo)
+        output_format = output_format or OutputFormat()
         self.playout = Playout(output_format)
-        self._reference = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
-        self._input_clock = InputClock()
-        self._pending = np.zeros(0, np.int16)
+        self._reference = OutputReference(output_format, self.echo)
+        self._input = InputFrames()
         self._stream_ms = 0  # caller audio classified so far: the stream time Realtime events use
-        self._recent: deque[np.ndarray] = deque(maxlen=self._recent_frames())
-        self._to_feed: list[np.ndarray] = []
-        self._turn_audio: list[np.ndarray] = []  # the whole user turn so far (a fresh request replays it)
-        self._pending_edits: dict = {}  # history edits for the next turn's params (truncate)
-        self._turn_edits: dict = {}  # ... and those of the turn in progress (every request of it)
-        self._event_count = 0
+        self.audio = TurnAudio(config.vad)
+        self._request = TurnRequest(session_id=session_id)  # the open turn's request
+        self._heard: Heard | None = None  # what was heard of the last interrupted reply, for the next turn
         self._item_count = 0
         self._turn_count = 0
-        self._user_item: str | None = None
-        self._turn_started_ms = 0
-        self._user_turn: Turn | None = None
         self._response: Response | None = None
         self._tasks: set[asyncio.Task] = set()
-        self.counters = {"turns": 0, "responses": 0, "barge_ins": 0, "cancelled": 0, "errors": 0,
-                         "preemptive_starts": 0, "preemptive_aborts": 0, "preemptive_commits": 0}
+        self.counters = SessionCounters()
         self.last_ttfa_ms: float | None = None
         self.last_barge_in_ms: float | None = None
+
+    @property
+    def state(self) -> CallState:
+        return self._call.state
+
+    @property
+    def response(self) -> Response | None:
+        """The latest response (live or not)."""
+        return self._response
 
     # -- caller audio in ------------------------------------------------------------------------
     def push_input(self, samples: np.ndarray, arrival: float | None = None) -> None:
         """Caller audio, int16 mono 16 kHz, any length; ``arrival`` on the monotonic clock."""
-        if self.state is State.CLOSED:
+        if self.state is CallState.CLOSED:
             return
-        end_time = self._input_clock.advance(len(samples), self._clock() if arrival is None else arrival)
-        frame_len = self.classifier.frame_samples
-        audio = np.concatenate([self._pending, samples.astype(np.int16, copy=False)])
-        whole = len(audio) - len(audio) % frame_len
-        self._pending = audio[whole:]
-        pending_s = len(self._pending) / SAMPLE_RATE
-        for start in range(0, whole, frame_len):
-            frame_end = end_time - pending_s - (whole - start - frame_len) / SAMPLE_RATE
-            self._on_frame(audio[start:start + frame_len], frame_end)
+        arrival = self._clock() if arrival is None else arrival
+        for frame, frame_end in self._input.push(samples, arrival, self.classifier.frame_samples):
+            self._on_frame(frame, frame_end)
 
     def _on_frame(self, frame: np.ndarray, frame_end: float) -> None:
-        frame_ms = self.config.vad.frame_ms
         frame_start_ms = self._stream_ms
-        self._stream_ms += frame_ms
+        self._stream_ms += self.config.vad.frame_ms
         echo = self.echo.is_echo(frame, frame_end)  # always, so the delay estimate stays current
         voiced = self.classifier.is_voiced(frame) and not echo
-        self._recent.append(frame)
+        self.audio.hear(frame, voiced)
         if self.detector.speaking:
-            self._stream_user_audio(frame)
-        event = self.detector.push(frame_start_ms, voiced)
-        if isinstance(event, SpeechStarted):
-            self._on_speech_started(event.onset_ms)
-        elif isinstance(event, SpeechStopped):
-            self._on_speech_stopped(event.end_ms)
-        elif isinstance(event, SpeechPaused):
-            self._speculate(event.end_ms)
-        elif isinstance(event, SpeechResumed):
-            self._resume(event.at_ms)
-        elif self.detector.speaking and self._turn_too_long(frame_start_ms):
-            self.detector.reset()
-            self._on_speech_stopped(frame_start_ms + frame_ms)
+            self._stream_caller_audio(frame, voiced)
+        cue = self.detector.push(frame_start_ms, voiced)
+        if isinstance(cue, SpeechStarted):
+            self._on_speech_started(cue.onset_ms)
+        elif isinstance(cue, SpeechStopped):
+            self._on_speech_stopped(cue.end_ms)
+        elif isinstance(cue, SpeechPaused):
+            self._speculate(cue.end_ms)
+        elif isinstance(cue, SpeechResumed):
+            self._resume(cue.at_ms)
 
     def _on_speech_started(self, onset_ms: int) -> None:
-        onset_time = self._input_clock.time_at(onset_ms)
-        if self._response is not None and not self._response.over:
-            self._interrupt("turn_detected", onset_time)
-        self._user_item = self._new_item_id()
-        self._turn_started_ms = onset_ms
-        self.emit(ev.SpeechStarted(audio_start_ms=onset_ms, item_id=self._user_item))
-        self._turn_count += 1
-        self.counters["turns"] += 1
-        self._turn_edits, self._pending_edits = self._pending_edits, {}
-        turn = self.runtime.start_turn(self._turn_params())
-        self._user_turn = turn
+        if self._response is not None and self._response.live:
+            self._interrupt("turn_detected", self._input.clock.time_at(onset_ms))
+        user_item = self._new_item_id()
+        self.tell.speech_started(user_item, onset_ms)
+        self.counters.turns += 1
+        self._request = self._next_request()
         since_onset_ms = self._stream_ms - onset_ms
-        frames = (self.config.vad.prefix_padding_ms + since_onset_ms) // self.config.vad.frame_ms
-        self._to_feed = list(self._recent)[-max(1, frames):]  # prefix padding + the speech so far
-        self._turn_audio = list(self._to_feed)
-        self._response = Response(turn, self._new_item_id(), self._user_item, self._clock)
-        self._spawn(self._consume(self._response))
-        self._set_state(State.USER_SPEAKING)
+        self.audio.open((self.config.vad.prefix_padding_ms + since_onset_ms) // self.config.vad.frame_ms)
+        self._start(self._request, user_item)
+        self._move_call(CallState.USER_SPEAKING)
 
-    def _turn_params(self) -> dict:
-        return {"session_id": self.session_id, "turn": self._turn_count,
-                "instructions": self.config.instructions, **self._turn_edits}
+    def _next_request(self) -> TurnRequest:
+        """A new turn's request; it carries what was heard of the reply it follows."""
+        self._turn_count += 1
+        heard, self._heard = self._heard, None
+        return TurnRequest(session_id=self.session_id, turn=self._turn_count,
+                           instructions=self.config.instructions, heard=heard)
 
-    def _stream_user_audio(self, frame: np.ndarray) -> None:
-        self._turn_audio.append(frame)
-        if self._response is not None and self._response.speculative:
-            return  # the turn's input is closed; the audio is kept in case the caller resumes
-        self._to_feed.append(frame)
-        if len(self._to_feed) * self.config.vad.frame_ms >= FEED_MS and self._user_turn is not None:
-            self._user_turn.feed(_to_float(self._to_feed))
-            self._to_feed = []
+    def _stream_caller_audio(self, frame: np.ndarray, voiced: bool) -> None:
+        response = self._response
+        open_turn = response if response is not None and response.input_open else None
+        self.audio.add(frame, voiced, feed=open_turn is not None)
+        if open_turn is not None and self.audio.pending_ms >= FEED_MS:
+            open_turn.turn.feed(self.audio.take_pending())
 
     def _on_speech_stopped(self, end_ms: int) -> None:
-        turn, response = self._user_turn, self._response
-        self._user_turn = None
-        if turn is None or response is None or response.over:  # the turn failed while the caller spoke
-            self._to_feed, self._turn_audio = [], []
-            self._set_state(State.IDLE)
+        response = self._response
+        if response is None or response.state not in (ResponseState.LISTENING, ResponseState.SPECULATIVE):
+            self.audio.close()  # the turn's request failed while the caller spoke: no response
+            self._move_call(CallState.IDLE)
             return
-        if not response.speculative:
-            turn.feed(_to_float(self._to_feed), eos=True)
-        self._to_feed, self._turn_audio = [], []
-        self.emit(ev.SpeechStopped(audio_end_ms=end_ms, item_id=response.user_item_id))
-        self.emit(ev.InputCommitted(item_id=response.user_item_id))
-        self.emit(ev.ItemAdded(item=_user_item(response.user_item_id)))
-        self._begin_response(response, speech_end=self._input_clock.time_at(end_ms))
-        if response.speculative:
-            self._commit_speculation(response)
+        speculative = response.speculative
+        if not speculative:
+            response.turn.feed(self.audio.take_pending(), eos=True)
+        self.audio.close()
+        self.tell.turn_committed(response.user_item_id or "", end_ms)
+        held = self._commit(response, speech_end=self._input.clock.time_at(end_ms))
+        if speculative:
+            self.counters.preemptive_commits += 1
+            ready_ms = sum(1000 * e.seconds for e in held if isinstance(e, AgentAudio))
+            self.tell.speculation_committed(response, round(ready_ms))
+        for event in held:
+            if not response.live:
+                break  # a held failure ended it
+            self._apply(response, event)
 
     # -- preemptive generation ------------------------------------------------------------------
     def _speculate(self, end_ms: int) -> None:
         """The caller paused: close the turn's input so the answer starts now, but hold it."""
-        turn, response = self._user_turn, self._response
-        if turn is None or response is None or response.over or response.speculative:
+        response = self._response
+        if response is None or not response.input_open:
             return
-        turn.feed(_to_float(self._to_feed), eos=True)
-        self._to_feed = []
-        response.speculative = True
-        self.counters["preemptive_starts"] += 1
-        self.emit(ev.PreemptiveStarted(item_id=response.user_item_id or "", request_id=turn.request_id,
-                                       audio_end_ms=end_ms))
+        response.turn.feed(self.audio.take_pending(), eos=True)
+        response.move(ResponseState.SPECULATIVE)
+        self.counters.preemptive_starts += 1
+        self.tell.speculation_started(response, end_ms)
 
     def _resume(self, at_ms: int) -> None:
         """The caller spoke again within the silence window: drop the speculative response and
         carry on with a fresh request holding the whole turn so far."""
         old = self._response
-        if old is None or not old.speculative or old.over:
+        if old is None or not old.speculative:
             return
-        old.cancelled = old.over = True
-        old.held = []
+        old.move(ResponseState.CANCELLED)
         old.turn.abort()  # idempotent: harmless if the runtime already finished it
-        self.counters["preemptive_aborts"] += 1
-        self._turn_edits.setdefault("supersedes", []).append(old.turn.request_id)
-        self.emit(ev.PreemptiveCancelled(item_id=old.user_item_id or "", request_id=old.turn.request_id,
-                                         audio_start_ms=at_ms, reason="speech_resumed"))
-        turn = self.runtime.start_turn(self._turn_params())
-        self._user_turn = turn
-        turn.feed(_to_float(self._turn_audio))
-        self._to_feed = []
-        self._response = Response(turn, self._new_item_id(), old.user_item_id, self._clock)
-        self._spawn(self._consume(self._response))
-
-    def _commit_speculation(self, response: Response) -> None:
-        """The turn really ended: what the speculative response made so far is released now."""
-        response.speculative = False
-        held, response.held = response.held, []
-        self.counters["preemptive_commits"] += 1
-        ready_ms = sum(1000 * o.audio.size / o.sample_rate for o in held
-                       if isinstance(o, TurnOutput) and o.audio is not None and o.sample_rate > 0)
-        self.emit(ev.PreemptiveCommitted(item_id=response.user_item_id or "", request_id=response.turn.request_id,
-                                         response_id=response.id, audio_ready_ms=round(ready_ms)))
-        for out in held:
-            self._dispatch(response, out)
-
-    def _turn_too_long(self, frame_start_ms: int) -> bool:
-        return frame_start_ms - self._turn_started_ms > 1000 * self.config.max_turn_s
+        self.counters.preemptive_aborts += 1
+        self._request = msgspec.structs.replace(self._request, supersedes=[*self._request.supersedes,
+                                                                           old.turn.request_id])
+        self.tell.speculation_cancelled(old, at_ms)
+        self._start(self._request, old.user_item_id).turn.feed(self.audio.replay())
 
     # -- responses ------------------------------------------------------------------------------
     def request_response(self) -> None:
         """A response without new caller audio (client ``response.create``)."""
-        if self._response is not None and not self._response.over:
-            self.emit_error("conversation_already_has_active_response",
+        if self.state is CallState.CLOSED:
+            return
+        if self._response is not None and self._response.live:
+            self.tell.error("conversation_already_has_active_response",
                             "a response is in progress; cancel it first (response.cancel)")
             return
-        self._turn_count += 1
-        self._turn_edits, self._pending_edits = self._pending_edits, {}
-        turn = self.runtime.start_turn(self._turn_params())
-        turn.feed(np.zeros(0, np.float32), eos=True)
-        response = Response(turn, self._new_item_id(), None, self._clock)
+        if self.state is CallState.USER_SPEAKING:
+            self.tell.error("conversation_already_has_active_response",
+                            "the caller is speaking; the end of their turn starts a response")
+            return
+        response = self._start(self._next_request(), None)
+        response.turn.feed(self.audio.empty(), eos=True)
+        self._commit(response, speech_end=self._clock())
+
+    def _start(self, request: TurnRequest, user_item_id: str | None) -> Response:
+        response = Response(self.runtime.start(request), self._new_item_id(), user_item_id)
         self._response = response
         self._spawn(self._consume(response))
-        self._begin_response(response, speech_end=self._clock())
+        return response
 
-    def _begin_response(self, response: Response, speech_end: float) -> None:
-        response.begin(speech_end)
-        self.counters["responses"] += 1
-        self.emit(ev.ResponseCreated(response=response.describe("in_progress")))
-        self.emit(ev.OutputItemAdded(response_id=response.id, item=response.item("in_progress")))
-        self._set_state(State.RESPONDING)
+    def _commit(self, response: Response, speech_end: float) -> list[TurnEvent]:
+        """Announce the response; returns what it held until now."""
+        held = response.commit(speech_end)
+        self.counters.responses += 1
+        self.tell.response_created(response)
+        self._move_call(CallState.RESPONDING)
+        return held
 
     async def _consume(self, response: Response) -> None:
-        try:
-            async for out in response.turn.events():
-                if response.cancelled:
-                    if isinstance(out, TurnEnded):
-                        return
-                    continue
-                self._deliver(response, out)
-                if isinstance(out, TurnEnded):
-                    return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a broken stream fails this response, never the session
-            log.exception("session %s: response stream failed", self.session_id)
-            self._deliver(response, TurnEnded(status="failed", error=repr(exc)))
+        stream = aiter(response.turn.events())
+        while True:
+            try:
+                event = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except Exception as exc:  # a broken stream fails this response, never the session
+                log.exception("session %s: response stream failed", self.session_id)
+                event = TurnEnded(TurnStatus.FAILED, StageError(ErrorCode.INTERNAL, repr(exc)))
+            if response.live:
+                self._deliver(response, event)
+            if isinstance(event, TurnEnded):
+                return
 
-    def _deliver(self, response: Response, out: TurnOutput | TurnEnded) -> None:
-        if response.speculative:
-            response.held.append(out)
+    def _deliver(self, response: Response, event: TurnEvent) -> None:
+        if response.holds(event):
+            response.held.append(event)
         else:
-            self._dispatch(response, out)
+            self._apply(response, event)
 
-    def _dispatch(self, response: Response, out: TurnOutput | TurnEnded) -> None:
-        if isinstance(out, TurnEnded):
-            self._on_turn_ended(response, out)
-        else:
-            self._on_output(response, out)
+    def _apply(self, response: Response, event: TurnEvent) -> None:
+        if isinstance(event, TurnEnded):
+            self._on_turn_ended(response, event)
+        elif isinstance(event, Transcript):
+            if event.text and response.user_item_id is not None:
+                self.tell.user_transcript(response.user_item_id, event)
+        elif isinstance(event, AgentText):
+            if event.text:
+                response.transcript.append(event.text)
+                self.tell.agent_text(response, event.text)
+        elif isinstance(event, AgentAudio):
+            self._on_agent_audio(response, event)
+        # other payloads (a family's own) are not the client's business
 
-    def _on_output(self, response: Response, out: TurnOutput) -> None:
-        if out.user_text and response.user_item_id is not None:
-            kind = ev.TranscriptionCompleted if out.user_text_final else ev.TranscriptionDelta
-            field = "transcript" if out.user_text_final else "delta"
-            self.emit(kind(item_id=response.user_item_id, **{field: out.user_text}))
-        if out.audio is not None and out.audio.size and out.sample_rate > 0:
-            response.audio_received_ms += 1000 * out.audio.size / out.sample_rate
-            if self.playout.item_id != response.item_id and not response.audio_began:
-                self.playout.begin_item(response.item_id)
-                response.audio_began = True
-            if self.playout.item_id == response.item_id:
-                self.playout.push(out.audio, out.sample_rate)
-        if out.text:
-            response.transcript.append(out.text)
-            self.emit(ev.AudioTranscriptDelta(response_id=response.id, item_id=response.item_id, delta=out.text))
+    def _on_agent_audio(self, response: Response, audio: AgentAudio) -> None:
+        if len(audio.samples) == 0 or audio.sample_rate <= 0:
+            return
+        response.audio_received_ms += 1000 * audio.seconds
+        if response.state is ResponseState.COMMITTED:  # its first audio
+            self.playout.begin_item(response.item_id)
+            response.move(ResponseState.SPEAKING)
+        if self.playout.item_id == response.item_id:
+            self.playout.push(np.asarray(audio.samples, np.float32), audio.sample_rate)
 
     def _on_turn_ended(self, response: Response, end: TurnEnded) -> None:
-        response.finished = True
-        if end.status == "completed":
-            self.emit(ev.AudioTranscriptDone(response_id=response.id, item_id=response.item_id,
-                                             transcript="".join(response.transcript)))
-            if self.playout.item_id == response.item_id:
+        if end.status is TurnStatus.COMPLETED:
+            if response.audio_began:
                 self.playout.complete_item()
-            self.emit(ev.ResponseDone(response=response.describe("completed")))
-            if not response.audio_began:
-                self._finish(response)
+                response.move(ResponseState.DRAINING)
+            else:
+                response.move(ResponseState.DONE)
+            self.tell.response_completed(response)
+            if not response.live:
+                self._end_of_response(response)
             return
-        self.counters["errors"] += 1
-        self.emit_error("response_failed", end.error or f"response {end.status}", kind="server_error")
+        self.counters.errors += 1
+        message = str(end.error) if end.error else f"response {end.status.value}"
+        self.tell.error("response_failed", message, kind="server_error")
         if self.playout.item_id == response.item_id:
             self.playout.flush()
-        if response.speech_end is None:  # failed while the caller was still speaking: no response yet
-            response.over = True
-            return
-        self.emit(ev.ResponseDone(response=response.describe("failed", {"type": "failed", "error": end.error})))
-        self._finish(response)
+        announced = response.committed
+        response.move(ResponseState.FAILED)
+        if announced:  # else it failed while the caller was still speaking: no response yet
+            self.tell.response_failed(response, str(end.error) if end.error else None)
+            self._end_of_response(response)
 
-    def _finish(self, response: Response) -> None:
-        response.over = True
-        if self.state in (State.RESPONDING, State.AGENT_SPEAKING) and self._response is response:
-            self._set_state(State.IDLE)
+    def _end_of_response(self, response: Response) -> None:
+        if self._response is response and self.state in (CallState.RESPONDING, CallState.AGENT_SPEAKING):
+            self._move_call(CallState.IDLE)
 
     def cancel_response(self, reason: str = "client_cancelled", audio_end_ms: int | None = None) -> bool:
         """Client ``response.cancel`` / ``output_audio_buffer.clear`` / ``conversation.item.truncate``;
         False if there is nothing to cancel."""
-        if self._response is None or self._response.over or self.state is State.USER_SPEAKING:
+        response = self._response
+        if response is None or not response.live or not response.committed:
             return False
         self._interrupt(reason, None, audio_end_ms)
-        self._set_state(State.IDLE)
+        self._move_call(CallState.IDLE)
         return True
 
     def clear_input(self) -> None:
         """Client ``input_audio_buffer.clear``: drop the turn the caller is speaking, if any."""
-        if self._user_turn is not None and self._response is not None:
-            self._response.cancelled = self._response.over = True
-            self._user_turn.abort()
-        self._user_turn = None
-        self._to_feed, self._turn_audio = [], []
+        response = self._response
+        if response is not None and response.state in (ResponseState.LISTENING, ResponseState.SPECULATIVE):
+            response.move(ResponseState.CANCELLED)
+            response.turn.abort()
+        self.audio.close()
         self.detector.reset()
-        if self.state is State.USER_SPEAKING:
-            self._set_state(State.IDLE)
+        if self.state is CallState.USER_SPEAKING:
+            self._move_call(CallState.IDLE)
 
     def reconfigure(self, config: SessionConfig) -> None:
         """Apply new settings (session.update); VAD changes take effect from the next turn."""
@@ -352,76 +339,64 @@ class VoiceSession:
         self.classifier.config = config.vad
         self.classifier.set_aggressiveness(config.vad.aggressiveness)
         if not self.detector.speaking:
-            self.detector = TurnDetector(config.vad, config.pause_ms)
-        self._recent = deque(self._recent, maxlen=self._recent_frames())
+            self.detector = TurnDetector.for_session(config)
+        self.audio.reconfigure(config.vad)
 
     def _interrupt(self, reason: str, onset_time: float | None, audio_end_ms: int | None = None) -> None:
-        """Stop the response now: flush queued audio, abort it everywhere, tell the client."""
+        """Stop the live, announced response now: flush queued audio, abort it everywhere, tell
+        the client, and keep what was heard of it for the next request."""
         response = self._response
-        assert response is not None
+        assert response is not None and response.committed
         played_ms = self.playout.flush() if self.playout.item_id == response.item_id else response.played_ms
-        response.cancelled = response.over = True
-        if not response.finished:
+        audio_began, runtime_ended = response.audio_began, response.runtime_ended
+        response.move(ResponseState.CANCELLED)
+        if not runtime_ended:
             response.turn.abort()
-            self.counters["cancelled"] += 1
-            self.emit(ev.ResponseDone(response=response.describe("cancelled", {"type": "cancelled", "reason": reason})))
+            self.counters.cancelled += 1
+            self.tell.response_cancelled(response, reason)
         heard = played_ms if audio_end_ms is None else min(audio_end_ms, played_ms)
-        if response.audio_began:
-            self.emit(ev.OutputAudioCleared(response_id=response.id))
-            self.emit(ev.ItemTruncated(item_id=response.item_id, audio_end_ms=heard))
-        if response.speech_end is not None:
-            # The next request tells the pipeline what was heard of this one. ``audio_ms`` (all
-            # of its audio) is known only if the runtime had finished it; else it is left out.
-            self._pending_edits["truncate"] = {
-                "request_id": response.turn.request_id, "audio_end_ms": heard if response.audio_began else 0,
-                "audio_ms": round(response.audio_received_ms) if response.finished else None}
+        if audio_began:
+            self.tell.audio_cut(response, heard)
+        # ``audio_ms`` (all of its audio) is known only if the runtime had finished it
+        self._heard = Heard(request_id=response.turn.request_id, audio_end_ms=heard if audio_began else 0,
+                            audio_ms=round(response.audio_received_ms) if runtime_ended else None)
         if onset_time is not None:
-            self.counters["barge_ins"] += 1
+            self.counters.barge_ins += 1
             self.last_barge_in_ms = 1000 * (self._clock() - onset_time)
-            self.emit(ev.TurnMetrics(response_id=response.id, barge_in_ms=round(self.last_barge_in_ms, 1)))
+            self.tell.barge_in(response, self.last_barge_in_ms)
 
     # -- agent audio out ------------------------------------------------------------------------
     def pull_output(self, due: float) -> np.ndarray:
         """The next output frame (int16 interleaved, in the output format), due at ``due``."""
         frame = self.playout.pull()
-        self._record_reference(frame.pcm, frame.item_id is not None, due)
+        self._reference.played(frame.pcm, frame.item_id is not None, due)
         response = self._response
         if response is None or frame.item_id != response.item_id:
             return frame.pcm
         if frame.first_of_item:
             response.on_first_audio(due)
             self.last_ttfa_ms = response.ttfa_ms
-            self.emit(ev.OutputAudioStarted(response_id=response.id))
-            self.emit(ev.TurnMetrics(response_id=response.id, ttfa_ms=response.ttfa_ms))
-            if self.state is State.RESPONDING:
-                self._set_state(State.AGENT_SPEAKING)
+            self.tell.audio_started(response)
+            if self.state is CallState.RESPONDING:
+                self._move_call(CallState.AGENT_SPEAKING)
         elif frame.item_drained:
             response.played_ms = self.playout.played_ms
-            self.emit(ev.OutputAudioStopped(response_id=response.id))
-            self._finish(response)
+            self.tell.audio_stopped(response)
+            response.move(ResponseState.DONE)
+            self._end_of_response(response)
         return frame.pcm
-
-    def _record_reference(self, pcm: np.ndarray, audible: bool, due: float) -> None:
-        fmt = self.playout.format
-        end = due + fmt.frame_ms / 1000
-        if not audible:
-            self.echo.record_output(np.zeros(SAMPLE_RATE * fmt.frame_ms // 1000, np.int16), end)
-            return
-        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout=fmt.layout)
-        frame.sample_rate = fmt.sample_rate
-        chunks = [f.to_ndarray().reshape(-1) for f in self._reference.resample(frame)]
-        if chunks:
-            self.echo.record_output(np.concatenate(chunks), end)
 
     # -- lifetime, events -----------------------------------------------------------------------
     async def close(self) -> None:
-        if self.state is State.CLOSED:
+        if self.state is CallState.CLOSED:
             return
-        if self._response is not None and not self._response.finished:
-            self._response.cancelled = self._response.over = True
-            self._response.turn.abort()
+        response = self._response
+        if response is not None and response.live:
+            if not response.runtime_ended:
+                response.turn.abort()
+            response.move(ResponseState.CANCELLED)
         self.playout.flush()
-        self.state = State.CLOSED
+        self._call.move(CallState.CLOSED)  # no event: the client is going away
         if self.config.end_of_session_request:
             self._announce_end()
         for task in list(self._tasks):
@@ -431,51 +406,39 @@ class VoiceSession:
     def _announce_end(self) -> None:
         """Tell the pipeline this session is over, so per-session state (history, cached KV) goes."""
         try:
-            self.runtime.start_turn({"session_id": self.session_id, "session_end": True}).feed(
-                np.zeros(0, np.float32), eos=True)
+            self.runtime.start(SessionEnd(session_id=self.session_id)).feed(self.audio.empty(), eos=True)
         except RuntimeError as exc:  # the runtime is shutting down: its state goes with it
             log.info("session %s: end not announced: %s", self.session_id, exc)
 
     def emit(self, event: ev.ServerEvent) -> None:
-        self._event_count += 1
-        event.event_id = f"event_{self.session_id[-6:]}_{self._event_count}"
-        self._send(event)
+        """Send the client an event (the edges' and the protocol's way to speak for the session)."""
+        self.tell.emit(event)
 
     def emit_error(self, code: str, message: str, event_id: str | None = None,
                    kind: str = "invalid_request_error") -> None:
-        self.emit(ev.ErrorEvent(error={"type": kind, "code": code, "message": message, "event_id": event_id}))
+        self.tell.error(code, message, event_id, kind)
 
     def stats(self) -> dict:
-        return {"state": self.state.value, **self.counters, "echo_gated_frames": self.echo.gated_frames,
+        live = self._response is not None and self._response.live
+        return {"state": self.state.value, **asdict(self.counters), "echo_gated_frames": self.echo.gated_frames,
                 "echo_delay_ms": self.echo.delay_ms, "last_ttfa_ms": self.last_ttfa_ms,
                 "last_barge_in_ms": self.last_barge_in_ms, "queued_output_ms": self.playout.queued_ms,
-                "request_id": self._response.turn.request_id if self._response and not self._response.over else None}
+                "request_id": self._response.turn.request_id if live and self._response else None}
 
-    def _set_state(self, state: State) -> None:
-        if state is not self.state and self.state is not State.CLOSED:
-            self.state = state
-            self.emit(ev.StateChanged(state=state.value))
+    def _move_call(self, state: CallState) -> None:
+        self._call.move(state)
+        self.tell.state(state.value)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._log_crash)
+
+    def _log_crash(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:  # a bug here, not the runtime's failure
+            log.error("session %s: task crashed", self.session_id, exc_info=task.exception())
 
     def _new_item_id(self) -> str:
         self._item_count += 1
         return f"item_{self.session_id[-6:]}_{self._item_count}"
-
-    def _recent_frames(self) -> int:
-        vad = self.config.vad
-        return (vad.prefix_padding_ms + vad.start_window_ms) // vad.frame_ms + 1
-
-
-def _to_float(frames: list[np.ndarray]) -> np.ndarray:
-    if not frames:
-        return np.zeros(0, np.float32)
-    return np.concatenate(frames).astype(np.float32) / 32768.0
-
-
-def _user_item(item_id: str) -> dict:
-    return {"id": item_id, "type": "message", "role": "user", "status": "completed",
-            "content": [{"type": "input_audio", "transcript": None}]}

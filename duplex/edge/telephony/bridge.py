@@ -7,8 +7,9 @@ the leg when the caller barged in, so audio queued at the far end can be dropped
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 

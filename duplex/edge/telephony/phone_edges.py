@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi import FastAPI
 from pydantic import BaseModel

@@ -4,11 +4,12 @@ barge-in, producing audio at G.711's 8 kHz so the phone leg only has to encode i
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from duplex.edge.telephony.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo
+from duplex.runtime.contract import SESSION_RATE
 from duplex.session import events as ev
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.playout import OutputFormat
@@ -18,7 +19,7 @@ EventObserver = Callable[[CallInfo, ev.ServerEvent], None]
 
 
 class SessionCallAgent:
-    input_rate = 16000
+    input_rate = SESSION_RATE
     output_rate = PHONE_OUTPUT.sample_rate
 
     def __init__(self, info: CallInfo, sessions: SessionManager,

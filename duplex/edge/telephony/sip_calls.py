@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from typing import TYPE_CHECKING
 
 from duplex.edge.telephony.access import AuthResult
 from duplex.edge.telephony.bridge import AgentFactory, AgentUnavailable, CallInfo
@@ -24,13 +23,11 @@ from duplex.edge.telephony.sdp import (
     negotiate,
     parse_sdp,
 )
+from duplex.edge.telephony.sip_context import RequestContext, SignallingServer
 from duplex.edge.telephony.sip_dialog import ALLOW, CallState, SipCall, new_tag
 from duplex.edge.telephony.sip_headers import parse_name_addr, parse_uri
 from duplex.edge.telephony.sip_message import SipParseError
 from duplex.edge.telephony.sip_transactions import Address, Retransmitter, ServerTransaction
-
-if TYPE_CHECKING:
-    from duplex.edge.telephony.sip_uas import RequestContext, SipServer
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +41,7 @@ class OfferRejected(Exception):
 
 
 class CallHandling:
-    def __init__(self, server: SipServer, agent_factory: AgentFactory) -> None:
+    def __init__(self, server: SignallingServer, agent_factory: AgentFactory) -> None:
         self.server = server
         self.agent_factory = agent_factory
         self.active: dict[str, SipCall] = {}

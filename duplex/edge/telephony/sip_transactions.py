@@ -8,8 +8,8 @@ until its ACK arrives. Client side: our requests (BYE) are retransmitted until a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from duplex.edge.telephony.sip_headers import BRANCH_COOKIE, Via
 from duplex.edge.telephony.sip_message import SipRequest

@@ -10,15 +10,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from dataclasses import dataclass
 
 from duplex.edge.telephony.access import AccessPolicy
 from duplex.edge.telephony.bridge import AgentFactory
 from duplex.edge.telephony.config import SipConfig
 from duplex.edge.telephony.sip_calls import CallHandling
+from duplex.edge.telephony.sip_context import RequestContext
 from duplex.edge.telephony.sip_dialog import ALLOW, build_response
 from duplex.edge.telephony.sip_headers import (
-    NameAddr,
     Via,
     parse_cseq,
     parse_name_addr,
@@ -33,7 +32,6 @@ from duplex.edge.telephony.sip_message import (
 from duplex.edge.telephony.sip_transactions import (
     Address,
     ServerTransaction,
-    TransactionKey,
     TransactionTable,
     server_key,
 )
@@ -49,24 +47,6 @@ COUNTERS = (  # always reported, zero or not, so dashboards and tests see every 
     "unsupported_methods", "retransmissions", "stray_acks", "stray_responses",
     "answer_failures", "internal_errors",
 )
-
-
-@dataclass
-class RequestContext:
-    """A request that passed validation, with its parsed identifying headers."""
-
-    request: SipRequest
-    addr: Address
-    via: Via
-    from_: NameAddr
-    to: NameAddr
-    call_id: str
-    cseq: int
-    key: TransactionKey
-
-    @property
-    def method(self) -> str:
-        return self.request.method
 
 
 class _SipProtocol(asyncio.DatagramProtocol):

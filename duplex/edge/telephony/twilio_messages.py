@@ -9,7 +9,6 @@ provider's (camelCase); numbers it sends as strings stay strings.
 from __future__ import annotations
 
 import base64
-from typing import Union
 
 import msgspec
 
@@ -83,7 +82,7 @@ class Stop(_In, tag="stop"):
     stop: StopInfo = msgspec.field(default_factory=StopInfo)
 
 
-Inbound = Union[Connected, Start, Media, Mark, Dtmf, Stop]
+Inbound = Connected | Start | Media | Mark | Dtmf | Stop
 
 
 class _Out(msgspec.Struct, tag_field="event", kw_only=True):
@@ -106,7 +105,7 @@ class Clear(_Out, tag="clear"):
     pass
 
 
-Outbound = Union[OutMedia, OutMark, Clear]
+Outbound = OutMedia | OutMark | Clear
 
 _inbound = msgspec.json.Decoder(Inbound)
 _outbound = msgspec.json.Decoder(Outbound)

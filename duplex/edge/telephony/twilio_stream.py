@@ -14,16 +14,17 @@ import binascii
 import collections
 import logging
 import time
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from xml.sax.saxutils import quoteattr
 
 import msgspec
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 
+from duplex.audio import Resampler
 from duplex.edge.telephony import g711
 from duplex.edge.telephony import twilio_messages as tm
-from duplex.edge.telephony.audio import PHONE_FRAME, PHONE_RATE, Resampler
+from duplex.edge.telephony.audio import PHONE_FRAME, PHONE_RATE, PhoneDecoder
 from duplex.edge.telephony.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo
 from duplex.session.pacing import FramePacer
 
@@ -48,7 +49,7 @@ class TwilioMediaStream:
         self.stream_sid = ""
         self.agent: CallAgent | None = None
         self.played_marks: list[str] = []
-        self._decoder: Resampler | None = None
+        self._decoder: PhoneDecoder | None = None
         self._encoder: Resampler | None = None
         self._pacer_task: asyncio.Task | None = None
         self._speaking = False
@@ -97,8 +98,8 @@ class TwilioMediaStream:
         except AgentUnavailable as exc:
             raise StreamError(f"no session available: {exc}") from exc
         self.agent.set_barge_in_listener(self._on_barge_in)
-        self._decoder = Resampler(PHONE_RATE, self.agent.input_rate)
-        self._encoder = Resampler(self.agent.output_rate, PHONE_RATE)
+        self._decoder = PhoneDecoder("PCMU", self.agent.input_rate)
+        self._encoder = Resampler(PHONE_RATE)
         self._pacer_task = asyncio.get_running_loop().create_task(self._send_agent_audio())
         self.counters["streams_started"] += 1
 
@@ -116,7 +117,7 @@ class TwilioMediaStream:
         if not payload or len(payload) > MAX_PAYLOAD_BYTES:
             self._drop("bad_media", f"payload of {len(payload)} bytes")
             return
-        self.agent.caller_audio(self._decoder(g711.decode(payload, "PCMU")), time.monotonic())
+        self.agent.caller_audio(self._decoder(payload), time.monotonic())
 
     async def _send_agent_audio(self) -> None:
         pacer = FramePacer(0.02)
@@ -126,7 +127,7 @@ class TwilioMediaStream:
             assert self.agent is not None and self._encoder is not None
             frame = self.agent.agent_audio(due)
             if frame.any():
-                pending += g711.encode(self._encoder(frame), "PCMU")
+                pending += g711.encode(self._encoder(frame, self.agent.output_rate), "PCMU")
                 self._speaking = True
             elif self._speaking:
                 self._speaking = False

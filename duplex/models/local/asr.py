@@ -8,11 +8,14 @@ Whisper is not a streaming model, so streaming is a policy on top of it:
 - at end of speech (the request's last audio chunk), if nothing but silence arrived since the
   last partial, that partial IS the final transcript and no model call is left to wait for.
 
+"Speech" here is the session's own voice-activity decision, which each ``CallerAudio`` chunk
+carries per frame: one decision per frame, the same one the session ended the turn on.
+
 Whisper pads every input to 30 s and the encoder's cost follows the padded length. The encoder
 window here is the utterance's length rounded up to ``window_step_s`` (min ``min_window_s``):
 measured on 2 cores, a 7 s window cost ~0.4 s against ~2 s for 30 s, with the same words on
-Piper speech (5 s windows began to mishear). Utterances past ``commit_after_s`` are committed window by window, so one call
-never sees more than ~30 s.
+Piper speech (5 s windows began to mishear). Utterances past ``commit_after_s`` are committed
+window by window, so one call never sees more than ~30 s.
 """
 
 from __future__ import annotations
@@ -23,14 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import webrtcvad
 
-from duplex.models.local.audio import resample
-from duplex.runtime.scheduler import WorkItem
+from duplex.runtime.contract import SESSION_RATE, CallerAudio, Transcript, WorkItem
 
-SAMPLE_RATE = 16000
+SAMPLE_RATE = SESSION_RATE
 _HOP = 160  # mel frames are 10 ms
-_VAD_FRAME = 480  # 30 ms at 16 kHz, a frame size webrtcvad accepts
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class StreamingPolicy:
     min_window_s: float = 7.0
     window_step_s: float = 5.0
     commit_after_s: float = 25.0
-    min_speech_frames: int = 3  # voiced 30 ms frames that count as "speech happened"
+    min_speech_s: float = 0.09  # voiced audio that counts as "speech happened"
 
 
 class WhisperTranscriber:
@@ -80,30 +80,16 @@ class WhisperTranscriber:
         return texts
 
 
-class SpeechDetector:
-    """webrtcvad over 30 ms frames: how many frames of a span carry speech."""
-
-    def __init__(self, aggressiveness: int = 2) -> None:
-        self._vad = webrtcvad.Vad(aggressiveness)
-
-    def voiced_frames(self, audio: np.ndarray) -> list[bool]:
-        pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
-        usable = len(pcm) - len(pcm) % _VAD_FRAME
-        return [self._vad.is_speech(pcm[i : i + _VAD_FRAME].tobytes(), SAMPLE_RATE)
-                for i in range(0, usable, _VAD_FRAME)]
-
-
 class StreamingASR:
     """The encoder stage's computation (``simple`` scheduler): audio chunks in, transcripts out.
 
-    Emits ``{"user_text", "user_text_final": False}`` for partials and, on the request's last
-    chunk, the final ``{"user_text", "user_text_final": True}`` as its eos output.
+    Takes ``CallerAudio``; emits ``Transcript(final=False)`` for partials and, on the request's
+    last chunk, the final ``Transcript(final=True)`` as its eos output.
     """
 
     def __init__(self, transcriber: WhisperTranscriber, policy: StreamingPolicy | None = None) -> None:
         self.transcriber = transcriber
         self.policy = policy or StreamingPolicy()
-        self.vad = SpeechDetector()
         self.calls = 0  # model calls made (benchmarks and tests read it)
 
     def __call__(self, items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
@@ -117,10 +103,10 @@ class StreamingASR:
         for row, (item, state) in enumerate(zip(items, states)):
             text = state.get("text", "")
             if item.eos:
-                outputs[row].append({"user_text": text, "user_text_final": True})
+                outputs[row].append(Transcript(text, final=True))
             elif any(r == row for r, _ in due) and text and text != state.get("sent"):
                 state["sent"] = text
-                outputs[row].append({"user_text": text, "user_text_final": False})
+                outputs[row].append(Transcript(text, final=False))
         return outputs
 
     # -- per-request bookkeeping ----------------------------------------------------------------
@@ -128,32 +114,30 @@ class StreamingASR:
         state.setdefault("audio", np.zeros(0, np.float32))
         state.setdefault("done", 0)  # samples covered by state["text"]
         state.setdefault("committed", 0)  # samples whose words are frozen in state["prefix"]
-        state.setdefault("voiced", [])  # webrtcvad verdict per 30 ms frame, over the whole audio
-        if not isinstance(data, dict) or data.get("audio") is None:
+        state.setdefault("voiced", [])  # the session's verdict per frame, over the whole audio
+        if data is None:
             return
-        audio = np.asarray(data["audio"], dtype=np.float32).reshape(-1)
-        rate = int(data.get("sample_rate", SAMPLE_RATE))
-        if rate != SAMPLE_RATE:
-            audio = resample(audio, rate, SAMPLE_RATE)
-        state["audio"] = np.concatenate([state["audio"], audio])
-        judged = len(state["voiced"]) * _VAD_FRAME
-        state["voiced"].extend(self.vad.voiced_frames(state["audio"][judged:]))
+        if not isinstance(data, CallerAudio):
+            raise TypeError(f"asr input needs CallerAudio, got {type(data).__name__}")
+        state.setdefault("frame", SAMPLE_RATE * data.frame_ms // 1000)  # samples per verdict
+        state["audio"] = np.concatenate([state["audio"], np.asarray(data.samples, np.float32).reshape(-1)])
+        state["voiced"].extend(data.voiced)
 
     def _needs_call(self, state: dict, final: bool) -> bool:
         policy = self.policy
-        frames_done = state["done"] // _VAD_FRAME
-        new_voiced = state["voiced"][frames_done:]
-        if final or self._settled(new_voiced):
+        frame = state.get("frame", SAMPLE_RATE)
+        new_voiced = state["voiced"][state["done"] // frame:]
+        if final or self._settled(new_voiced, frame):
             # Any voiced frame since the last transcript may be the end of the last word: once
             # silence settles, transcribing now leaves the end of the turn nothing to wait for.
             return any(new_voiced)
-        if sum(new_voiced) < policy.min_speech_frames:
+        if sum(new_voiced) * frame < policy.min_speech_s * SAMPLE_RATE:
             return False  # nothing new was said (Whisper makes words up from silence: "I")
         new_seconds = (len(state["audio"]) - state["done"]) / SAMPLE_RATE
         return new_seconds >= policy.partial_interval_s
 
-    def _settled(self, new_voiced: list[bool]) -> bool:
-        settle_frames = math.ceil(self.policy.settle_s * SAMPLE_RATE / _VAD_FRAME)
+    def _settled(self, new_voiced: list[bool], frame: int) -> bool:
+        settle_frames = math.ceil(self.policy.settle_s * SAMPLE_RATE / frame)
         return len(new_voiced) >= settle_frames and not any(new_voiced[-settle_frames:])
 
     def _transcribe_due(self, due: list[tuple[int, dict]]) -> None:

@@ -14,11 +14,12 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import import_module
 from importlib.resources import files
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import TextIO
 
 WHISPER_DIR_NAME = "whisper-base-ct2"
 GEMMA_DIR_NAME = "gemma3-270m"

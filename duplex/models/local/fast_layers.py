@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn

@@ -1,7 +1,8 @@
 """Gemma 3 270M on CPU: load the converted folder, run prefill and batched decode over KV slots.
 
 Tensors only: prompts, sampling, stop rules and sessions live in ``thinker.py``. Every forward
-passes explicit position ids and attention masks built from the slots (``kv_slots.py``), and
+passes explicit position ids and attention masks built from the slots (the runtime's
+``SlotKVCache``), and
 asks for logits of the last position only: the 262k-word output layer is about half the cost of
 a decode step, and the other positions' logits would be thrown away.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 from duplex.models.local.fast_layers import SpeakableHead, speakable_token_ids, use_fp16_weights
-from duplex.models.local.kv_slots import KVPrefix, SlotBatch, SlotKVCache
+from duplex.runtime.contract import KVPrefix, SlotBatch, SlotKVCache
 
 
 class GemmaModel:
@@ -50,7 +51,6 @@ class GemmaModel:
             head_dim=config.head_dim,
             num_slots=num_slots,
             max_len=max_len,
-            layer_types=list(config.layer_types),
             sliding_window=config.sliding_window,
         )
 
@@ -83,17 +83,17 @@ class GemmaModel:
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
         """Run ``token_ids`` (B, q) at the batch's slots/positions; last-position logits (B, vocab)."""
-        masks = self.cache.begin(batch)
+        masks = self.cache.bind(batch)
         out = self.model(input_ids=token_ids, position_ids=batch.position_ids(), attention_mask=masks,
                          cache=self.cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
     def prefill(self, slot: int, start: int, token_ids: list[int]) -> torch.Tensor:
-        batch = SlotBatch(torch.tensor([slot]), torch.tensor([start]), q_len=len(token_ids))
+        batch = SlotBatch.of([slot], [start], [len(token_ids)])
         return self.forward(torch.tensor([token_ids]), batch)[0]
 
     def decode(self, slots: list[int], positions: list[int], tokens: list[int]) -> torch.Tensor:
-        batch = SlotBatch(torch.tensor(slots), torch.tensor(positions), q_len=1)
+        batch = SlotBatch.of(slots, positions, [1] * len(slots))
         return self.forward(torch.tensor(tokens)[:, None], batch)
 
     def compute_prefix(self, token_ids: list[int], scratch_slot: int = 0) -> KVPrefix:

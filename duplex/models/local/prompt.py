@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 USER_LABEL = "Customer"
 AGENT_LABEL = "Mia"

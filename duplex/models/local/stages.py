@@ -15,12 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from duplex.config.pipeline import StageConfig
 from duplex.models.local import assets
 from duplex.models.local.asr import StreamingASR, StreamingPolicy, WhisperTranscriber
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT, Persona
 from duplex.models.local.tts import PhraseSplitter, PiperSynth
-from duplex.runtime.scheduler import WorkItem
+from duplex.runtime.contract import AgentAudio, AgentText, BuildContext, WorkItem
 
 if TYPE_CHECKING:
     from duplex.models.local.thinker import GemmaThinker
@@ -33,39 +32,39 @@ if TYPE_CHECKING:
 _WEIGHT_BYTES = {"none": 1_100 * 2**20, "int8": 1_300 * 2**20}  # fp32 model (+ int8 output layer)
 
 
-def _cache_root(stage: StageConfig) -> Path | None:
-    root = stage.args.get("cache_dir")
+def _cache_root(ctx: BuildContext) -> Path | None:
+    root = ctx.args.get("cache_dir")
     return Path(root).expanduser() if root else None
 
 
-def _known_args(stage: StageConfig, allowed: set[str]) -> dict[str, Any]:
-    unknown = set(stage.args) - allowed
+def _known_args(ctx: BuildContext, allowed: set[str]) -> dict[str, Any]:
+    unknown = set(ctx.args) - allowed
     if unknown:
-        raise ValueError(f"stage {stage.name}: unknown args {sorted(unknown)} (known: {sorted(allowed)})")
-    return dict(stage.args)
+        raise ValueError(f"stage {ctx.stage}: unknown args {sorted(unknown)} (known: {sorted(allowed)})")
+    return dict(ctx.args)
 
 
-def build_asr(stage: StageConfig, ctx: Any) -> StreamingASR:
+def build_asr(ctx: BuildContext) -> StreamingASR:
     policy_fields = set(StreamingPolicy.__dataclass_fields__)
-    args = _known_args(stage, policy_fields | {"cache_dir", "compute_type", "hint"})
-    model_dir = assets.prepare_whisper(_cache_root(stage))
+    args = _known_args(ctx, policy_fields | {"cache_dir", "compute_type", "hint"})
+    model_dir = assets.prepare_whisper(_cache_root(ctx))
     transcriber = WhisperTranscriber(model_dir, threads=ctx.threads, compute_type=args.get("compute_type", "int8"),
                                      hint=str(args.get("hint", BUBBLE_TEA_ASR_HINT)))
     policy = StreamingPolicy(**{k: v for k, v in args.items() if k in policy_fields})
     return StreamingASR(transcriber, policy)
 
 
-def build_thinker(stage: StageConfig, ctx: Any) -> "GemmaThinker":
+def build_thinker(ctx: BuildContext) -> GemmaThinker:
     import torch
 
     from duplex.models.local.gemma import GemmaModel
     from duplex.models.local.thinker import GemmaThinker, ThinkerSettings
 
     settings_fields = set(ThinkerSettings.__dataclass_fields__)
-    args = _known_args(stage, settings_fields | {"cache_dir", "quantize", "vocabulary", "layer_weights", "max_len",
+    args = _known_args(ctx, settings_fields | {"cache_dir", "quantize", "vocabulary", "layer_weights", "max_len",
                                                  "persona"})
     torch.set_num_threads(ctx.threads)
-    model_dir = assets.prepare_gemma(_cache_root(stage))
+    model_dir = assets.prepare_gemma(_cache_root(ctx))
     max_len = int(args.get("max_len", 1024))
     quantize = str(args.get("quantize", "int8"))
     vocabulary = str(args.get("vocabulary", "speakable"))
@@ -73,32 +72,33 @@ def build_thinker(stage: StageConfig, ctx: Any) -> "GemmaThinker":
     settings = ThinkerSettings(**{k: v for k, v in args.items() if k in settings_fields})
     per_slot = GemmaModel.bytes_per_slot(model_dir, max_len)
     weight_bytes = _WEIGHT_BYTES.get(quantize, _WEIGHT_BYTES["int8"])
-    capacity = _slots_for_budget(stage, ctx.memory_bytes, per_slot, max_len, weight_bytes, settings.cached_sessions)
+    capacity = _slots_for_budget(ctx, per_slot, max_len, weight_bytes, settings.cached_sessions)
     model = GemmaModel(model_dir, num_slots=capacity, max_len=max_len, quantize=quantize,
                        vocabulary=vocabulary, layer_weights=layer_weights)
     persona = Persona(description=args["persona"]) if args.get("persona") else Persona()
     return GemmaThinker(model, persona, settings, capacity)
 
 
-def _slots_for_budget(stage: StageConfig, budget: int | None, per_slot: int, max_len: int, weight_bytes: int,
-                      cached_sessions: int) -> int:
+def _slots_for_budget(ctx: BuildContext, per_slot: int, max_len: int, weight_bytes: int, cached_sessions: int) -> int:
     """KV slots the stage's memory budget pays for after the weights and the conversation cache
     (each cached conversation takes at most one slot's worth), capped by the scheduler."""
-    wanted = stage.scheduler.max_running_requests if hasattr(stage.scheduler, "max_running_requests") else 1
+    wanted, budget = ctx.max_running_requests, ctx.memory_bytes
     if budget is None:
         return wanted
     fixed = weight_bytes + cached_sessions * per_slot
     affordable = (budget - fixed) // per_slot
     if affordable < 1:
         need = (fixed + per_slot) / 2**20
-        raise ValueError(f"stage {stage.name}: memory budget {budget / 2**20:.0f} MiB is below the {need:.0f} MiB "
+        raise ValueError(f"stage {ctx.stage}: memory budget {budget / 2**20:.0f} MiB is below the {need:.0f} MiB "
                          f"that the weights, {cached_sessions} cached conversations and one {max_len}-token "
                          f"KV slot need")
     return int(min(wanted, affordable))
 
 
 class StreamingTTS:
-    """The tts stage's computation (``simple`` scheduler): thinker text deltas in, audio out."""
+    """The tts stage's computation (``simple`` scheduler): ``AgentText`` deltas in, one
+    ``AgentAudio`` per phrase out, carrying the phrase it voices (what the caller heard of a cut
+    reply is counted from these)."""
 
     def __init__(self, synth: PiperSynth, first_clause_words: int = 1, clause_words: int = 4) -> None:
         self.synth = synth
@@ -112,20 +112,21 @@ class StreamingTTS:
 
     def _one(self, item: WorkItem, state: dict) -> list[Any]:
         splitter: PhraseSplitter = state.setdefault("splitter", self.splitter())
-        text = item.data.get("text", "") if isinstance(item.data, dict) else ""
-        phrases = splitter.push(text) if isinstance(text, str) else []
+        phrases = splitter.push(item.data.text) if isinstance(item.data, AgentText) else []
         if item.eos:
             phrases += splitter.flush()
         out = []
         for phrase in phrases:
             audio = self.synth.synthesize(phrase)
             if audio.size:
-                out.append({"audio": audio, "sample_rate": self.synth.sample_rate})
+                spoken = phrase if not state.get("voiced_any") else " " + phrase
+                state["voiced_any"] = True
+                out.append(AgentAudio(audio, self.synth.sample_rate, spoken))
         return out
 
 
-def build_tts(stage: StageConfig, ctx: Any) -> StreamingTTS:
-    args = _known_args(stage, {"volume", "length_scale", "first_clause_words", "clause_words"})
+def build_tts(ctx: BuildContext) -> StreamingTTS:
+    args = _known_args(ctx, {"volume", "length_scale", "first_clause_words", "clause_words"})
     model_path, config_path = assets.piper_voice_paths()
     synth = PiperSynth(model_path, config_path, threads=ctx.threads, volume=float(args.get("volume", 0.8)),
                        length_scale=args.get("length_scale"))

@@ -1,24 +1,25 @@
 """The Gemma thinker as an ``ar`` stage runner (``StepRunner``): one request = one agent turn.
 
-Input: the ASR stage's final output ``{"user_text": ..., "user_text_final": True}`` (or a
-client's ``{"text": ...}``). Interim transcripts (``user_text_final: False``) arriving while the
-user speaks are prefilled ahead (K/V only, nothing is said), so the end of the turn computes only
-the tokens the final transcript changed. The prompt is the persona (its KV computed once and
-copied into the slot), the session's history within ``history_budget`` tokens, and the new user line. The turn
-ends at the first line break (the few-shot examples teach one line per turn), an end token, or
-``max_new_tokens``. Output: ``{"text": delta}`` chunks as tokens resolve; the eos emit carries
-the whole reply as ``{"text": "", "reply": ...}``. Finished turns join the session's history;
-an aborted turn is set aside (the caller heard an unknown part of it) until a later request of
-the session says what was heard.
+Input: the ASR stage's ``Transcript``s (or a client's ``Transcript(final=True)``). Interim
+transcripts (``final=False``) arriving while the user speaks are prefilled ahead (K/V only,
+nothing is said), so the end of the turn computes only the tokens the final transcript changed.
+The prompt is the persona (its KV computed once and copied into the slot), the session's history
+within ``history_budget`` tokens, and the new user line. The turn ends at the first line break
+(the few-shot examples teach one line per turn), an end token, or ``max_new_tokens`` (stop
+tokens and line breaks do not end it before ``min_new_tokens``).
+Output: ``AgentText`` deltas as tokens resolve; the eos emit carries no data. Finished turns join
+the session's history; an aborted turn is set aside (the caller heard an unknown part of it)
+until a later request of the session says what was heard.
 
-History edits ride on a request's params (the session sets them):
-  ``truncate: {request_id, audio_end_ms, audio_ms}``: that turn's reply was heard up to
-      ``audio_end_ms``; the history keeps only that part (``prompt.heard_part``), an aborted turn
-      joins the history so cut, and cached K/V past the cut is freed;
-  ``supersedes: [request_id, ...]``: speculative turns whose user line this request repeats in
-      full: they leave the history;
-  ``session_end: true``: the session hung up; its history and cached K/V are freed (the request
-      itself carries no user text and finishes without compute).
+History edits ride on the request (the session sets them):
+  ``TurnRequest.heard``: that turn's reply was heard up to ``audio_end_ms``; the history keeps
+      only that part (``prompt.heard_part``), an aborted turn joins the history so cut, and
+      cached K/V past the cut is freed;
+  ``TurnRequest.supersedes``: speculative turns whose user line this request repeats in full:
+      they leave the history;
+  ``SessionEnd``: the session hung up; its history and cached K/V are freed (the request carries
+      no user text and finishes without compute).
+Per-request sampling knobs ride in ``TurnRequest.options`` (``temperature``, ``top_k``).
 
 Threads: ``open/feed/ready/plan/resolve/close`` run on the scheduler thread, ``compute`` on its
 worker. ``plan`` fixes each row's positions without reading earlier results (lookahead), and
@@ -36,14 +37,14 @@ import torch
 
 from duplex.models.local.conversation_cache import CachedConversation, ConversationCache
 from duplex.models.local.gemma import GemmaModel
-from duplex.models.local.kv_slots import KVPrefix
 from duplex.models.local.prompt import HistoryStore, Persona, heard_part, select_recent
-from duplex.runtime.schedulers.ar import RowOutput
+from duplex.runtime.contract import AgentText, KVPrefix, Request, RowOutput, SessionEnd, Transcript, TurnRequest
 
 
 @dataclass
 class ThinkerSettings:
     max_new_tokens: int = 48
+    min_new_tokens: int = 0  # stop tokens and line breaks do not end a reply before this many (tests)
     history_budget: int = 640  # tokens of persona + history + user line
     temperature: float = 0.0  # 0: greedy
     top_k: int = 40
@@ -55,7 +56,7 @@ class ThinkerSettings:
 class _Row:
     request_id: str
     session_id: str
-    params: dict
+    request: Request
     user_text: str | None = None
     prompt: list[int] = field(default_factory=list)  # tokens after the shared prefix
     planned_tokens: int = 0  # tokens whose computation has been planned
@@ -72,13 +73,13 @@ class _Prefill:
     reused: KVPrefix  # K/V copied into the slot first: positions [0, start)
     start: int
     tokens: list[int]  # computed from ``start``
-    params: dict
+    request: Request
 
 
 @dataclass(frozen=True)
 class _Plan:
     prefill: list[_Prefill]
-    decode: list[tuple[int, int, dict]]  # (slot, position of the token fed, sampling params)
+    decode: list[tuple[int, int, Request]]  # (slot, position of the token fed, its request)
     empty: list[int]  # rows with nothing to say (empty user text): done without compute
     warm: list[_Prefill] = field(default_factory=list)  # interim transcripts: K/V only, no token
 
@@ -101,47 +102,44 @@ class GemmaThinker:
         self._stop_ids = set(model.stop_ids)
 
     # -- scheduler thread ----------------------------------------------------------------------
-    def open(self, slot: int, request_id: str, params: dict) -> None:
-        session_id = str(params.get("session_id", request_id))
-        self._rows[slot] = _Row(request_id, session_id, dict(params))
-        if params.get("session_end"):
+    def open(self, slot: int, request_id: str, request: Request) -> None:
+        session_id = request.session_id or request_id
+        self._rows[slot] = _Row(request_id, session_id, request)
+        if isinstance(request, SessionEnd):
             self.forget_session(session_id)
         else:
-            self.edit_history(session_id, params)
+            self.edit_history(session_id, request)
 
     def forget_session(self, session_id: str) -> None:
         self.histories.forget(session_id)
         self.conversations.forget(session_id)
 
-    def edit_history(self, session_id: str, params: dict) -> None:
-        """Apply a request's ``truncate`` / ``supersedes`` to its session's history."""
+    def edit_history(self, session_id: str, request: TurnRequest) -> None:
+        """Apply a request's ``heard`` / ``supersedes`` to its session's history."""
         if not self.histories.has(session_id):
             return
         history = self.histories.get(session_id)
         changed = False
-        for superseded in params.get("supersedes") or []:
-            changed |= history.drop(str(superseded))
-        cut = params.get("truncate")
-        if isinstance(cut, dict) and cut.get("request_id"):
-            end, total = int(cut.get("audio_end_ms") or 0), cut.get("audio_ms")
-            heard = partial(heard_part, audio_end_ms=end, audio_ms=int(total) if total else None,
+        for superseded in request.supersedes:
+            changed |= history.drop(superseded)
+        cut = request.heard
+        if cut is not None and cut.request_id:
+            heard = partial(heard_part, audio_end_ms=cut.audio_end_ms, audio_ms=cut.audio_ms or None,
                             chars_per_s=self.settings.speech_chars_per_s)
-            changed |= history.truncate(str(cut["request_id"]), heard)
+            changed |= history.truncate(cut.request_id, heard)
         if changed:
             kept = [token for u, a in history.turns for token in self.model.encode(self.persona.turn_text(u, a))]
             self.conversations.trim(session_id, self._prefix_ids + kept)
 
     def feed(self, slot: int, source: str, data: Any, eos: bool) -> None:
         row = self._rows[slot]
-        if row.params.get("session_end"):
+        if isinstance(row.request, SessionEnd):
             row.user_text = ""  # nothing to answer (and no history to open again)
             return
-        if not isinstance(data, dict):
-            raise ValueError(f"expected a dict with user_text or text, got {type(data).__name__}")
-        text = data.get("user_text", data.get("text"))
-        if text is not None and not isinstance(text, str):
-            raise ValueError(f"user_text must be a string, got {type(text).__name__}")
-        final = eos or bool(data.get("user_text_final")) or "user_text" not in data
+        if data is not None and not isinstance(data, Transcript):
+            raise ValueError(f"expected a Transcript, got {type(data).__name__}")
+        text = data.text if data is not None else None
+        final = eos or (data is not None and data.final)
         if text is not None and not final and row.user_text is None:
             self._take_interim(row, text.strip())
         if text is not None and final and row.user_text is None:
@@ -186,7 +184,7 @@ class GemmaThinker:
                 prefill.append(self._plan_prefill(slot, row, row.prompt))
                 row.planned_tokens = 1
             else:
-                decode.append((slot, len(self._prefix_ids) + len(row.prompt) + row.planned_tokens - 1, row.params))
+                decode.append((slot, len(self._prefix_ids) + len(row.prompt) + row.planned_tokens - 1, row.request))
                 row.planned_tokens += 1
         return _Plan(prefill, decode, empty, warm)
 
@@ -195,7 +193,7 @@ class GemmaThinker:
         interim prefill, the session's cached conversation, or the persona's."""
         tokens = self._prefix_ids + prompt
         if tokens == row.resident:  # an interim prefill computed exactly these: its token stands
-            return _Prefill(slot, [], len(tokens), [], row.params)
+            return _Prefill(slot, [], len(tokens), [], row.request)
         reused, start = self._prefix, len(self._prefix_ids)
         cached = self.conversations.get(row.session_id)
         if cached is not None:
@@ -207,10 +205,10 @@ class GemmaThinker:
         if in_slot >= start:
             reused, start = [], in_slot  # already in the slot: nothing to copy
         row.resident = tokens
-        return _Prefill(slot, reused, start, tokens[start:], row.params)
+        return _Prefill(slot, reused, start, tokens[start:], row.request)
 
     def resolve(self, plan: _Plan, raw: dict[int, int]) -> dict[int, RowOutput]:
-        outputs = {slot: RowOutput(done=True, final={"text": "", "reply": ""}) for slot in plan.empty}
+        outputs = {slot: RowOutput(done=True) for slot in plan.empty}
         for slot, token in raw.items():
             row = self._rows.get(slot)
             if row is None or row.finished:
@@ -242,7 +240,7 @@ class GemmaThinker:
             self.model.cache.copy_prefix(job.slot, job.reused)
             logits = self.model.prefill(job.slot, job.start, job.tokens)
             self.warmed_tokens += len(job.tokens)
-            self._warm_token[job.slot] = self._sample(logits[None], [job.params])[0]
+            self._warm_token[job.slot] = self._sample(logits[None], [job.request])[0]
         for job in plan.prefill:
             if not job.tokens:  # the final transcript is the interim one: take that step's token
                 sampled[job.slot] = self._warm_token.pop(job.slot)
@@ -250,32 +248,34 @@ class GemmaThinker:
             self.model.cache.copy_prefix(job.slot, job.reused)
             logits = self.model.prefill(job.slot, job.start, job.tokens)
             self.prefilled_tokens += len(job.tokens)
-            sampled[job.slot] = self._sample(logits[None], [job.params])[0]
+            sampled[job.slot] = self._sample(logits[None], [job.request])[0]
         if plan.decode:
             slots = [slot for slot, _, _ in plan.decode]
             positions = [pos for _, pos, _ in plan.decode]
             logits = self.model.decode(slots, positions, [self._last_token[s] for s in slots])
-            for slot, token in zip(slots, self._sample(logits, [params for _, _, params in plan.decode])):
+            for slot, token in zip(slots, self._sample(logits, [request for _, _, request in plan.decode])):
                 sampled[slot] = token
         self._last_token.update(sampled)
         return sampled
 
     # -- helpers -------------------------------------------------------------------------------
-    def _sample(self, logits: torch.Tensor, params: list[dict]) -> list[int]:
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         tokens = []
-        for row_logits, p in zip(logits, params):
-            temperature = float(p.get("temperature", self.settings.temperature))
+        for row_logits, request in zip(logits, requests):
+            options = request.options if isinstance(request, TurnRequest) else {}
+            temperature = float(options.get("temperature", self.settings.temperature))
             if temperature <= 0:
                 tokens.append(int(row_logits.argmax()))
                 continue
-            top = torch.topk(row_logits / temperature, int(p.get("top_k", self.settings.top_k)))
+            top = torch.topk(row_logits / temperature, int(options.get("top_k", self.settings.top_k)))
             choice = torch.multinomial(torch.softmax(top.values, dim=-1), 1)
             tokens.append(int(top.indices[choice]))
         return tokens
 
     def _token_limit(self, row: _Row) -> int:
         room = self.model.cache.max_len - len(self._prefix_ids) - len(row.prompt)
-        return max(1, min(int(row.params.get("max_new_tokens", self.settings.max_new_tokens)), room))
+        wanted = getattr(row.request, "max_new_tokens", None) or self.settings.max_new_tokens
+        return max(1, min(wanted, room))
 
     def prompt_tokens(self, session_id: str, user_text: str) -> list[int]:
         """Token ids after the shared prefix: the newest history turns that fit, then the user line.
@@ -291,20 +291,24 @@ class GemmaThinker:
 
     def _advance(self, row: _Row, token: int) -> RowOutput:
         row.generated.append(token)
+        may_stop = len(row.generated) >= self.settings.min_new_tokens
         line, newline = "", False
-        if token not in self._stop_ids:
+        if token not in self._stop_ids or not may_stop:
             decoded = self.model.tokenizer.decode(row.generated, skip_special_tokens=True)
-            line, separator, _ = decoded.partition("\n")
+            if may_stop:
+                line, separator, _ = decoded.partition("\n")
+            else:  # too short to stop: a line break is just a space
+                line, separator = decoded.replace("\n", " "), ""
             newline = bool(separator)
             line = line.lstrip() if newline else line.lstrip().rstrip("\ufffd")  # wait for a split character
         emits = []
         if line.startswith(row.text) and len(line) > len(row.text):
-            emits.append({"text": line[len(row.text):]})
+            emits.append(AgentText(line[len(row.text):]))
             row.text = line
-        stop = token in self._stop_ids or newline or len(row.generated) >= self._token_limit(row)
+        stop = (may_stop and (token in self._stop_ids or newline)) or len(row.generated) >= self._token_limit(row)
         if stop:
             row.finished = True
-            return RowOutput(emits=emits, done=True, final={"text": "", "reply": row.text.strip()})
+            return RowOutput(emits=emits, done=True)
         return RowOutput(emits=emits)
 
 

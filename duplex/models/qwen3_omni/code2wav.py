@@ -8,7 +8,7 @@ attention and its convolutions (``left_context_frames``). Each call drops the la
 the 555 held back by the previous call are recomputed here. Concatenated chunks equal the full
 decode.
 
-Inputs are the talker's chunks ``{"codes": (16, n) int, "start": first frame}``. A chunk's decode
+Inputs are the talker's ``CodecChunk``s (``codes`` (16, n) int, ``start`` its first frame). A chunk's decode
 length (context + n) follows from its start alone, so ``batch_key`` can group requests whose
 calls have the same length into one batched forward.
 """
@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from duplex.models.qwen3_omni.payloads import CodecChunk, VocodedAudio
 
 SAMPLE_RATE = 24000
 
@@ -47,9 +49,9 @@ class StreamingCode2Wav:
     # -- the simple scheduler's contract ---------------------------------------------------------
     def batch_key(self, item) -> Any:
         data = item.data
-        if not isinstance(data, dict) or "codes" not in data:
+        if not isinstance(data, CodecChunk):
             return None
-        return min(self.context, int(data["start"])) + int(np.shape(data["codes"])[-1])
+        return min(self.context, data.start) + int(np.shape(data.codes)[-1])
 
     @torch.no_grad()
     def __call__(self, items: list, states: list[dict]) -> list[list[Any]]:
@@ -60,26 +62,25 @@ class StreamingCode2Wav:
                 continue  # the talker's eos with nothing left to speak
             codes = self._check(data, state)
             history = state.get("history")
-            context = min(self.context, int(data["start"]))
+            context = min(self.context, data.start)
             window = codes if context == 0 else torch.cat([history[:, -context:], codes], dim=1)
             state["history"] = window[:, -self.context:] if self.context else window[:, :0]
-            state["next_frame"] = int(data["start"]) + codes.shape[1]
+            state["next_frame"] = data.start + codes.shape[1]
             jobs.append((index, window, context, data))
         for index, audio, data in self._decode(jobs):
-            outputs[index] = [{"audio": audio, "sample_rate": SAMPLE_RATE, "codes": np.asarray(data["codes"]),
-                               "start": int(data["start"])}]
+            outputs[index] = [VocodedAudio(audio, SAMPLE_RATE, codes=np.asarray(data.codes), start=data.start)]
         return outputs
 
     def _check(self, data: Any, state: dict) -> torch.Tensor:
-        if not isinstance(data, dict) or "codes" not in data or "start" not in data:
-            raise ValueError("code2wav input needs {'codes': (groups, n), 'start': int}")
-        codes = torch.as_tensor(np.asarray(data["codes"]), dtype=torch.long)
+        if not isinstance(data, CodecChunk):
+            raise TypeError(f"code2wav input needs a CodecChunk, got {type(data).__name__}")
+        codes = torch.as_tensor(np.asarray(data.codes), dtype=torch.long)
         if codes.ndim != 2 or codes.shape[0] != self.num_groups or codes.shape[1] == 0:
             raise ValueError(f"codes must be ({self.num_groups}, n>0), got {tuple(codes.shape)}")
         if int(codes.min()) < 0 or int(codes.max()) >= self.code2wav.config.codebook_size:
             raise ValueError("codes outside the codebook")
-        if int(data["start"]) != state.get("next_frame", 0):
-            raise ValueError(f"chunk starts at frame {data['start']}, expected {state.get('next_frame', 0)}")
+        if data.start != state.get("next_frame", 0):
+            raise ValueError(f"chunk starts at frame {data.start}, expected {state.get('next_frame', 0)}")
         return codes
 
     def _decode(self, jobs: list) -> list[tuple[int, np.ndarray, dict]]:

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from duplex.models.qwen3_omni.mel import StreamingLogMel, mel_filters, normalize
+from duplex.models.qwen3_omni.payloads import AudioEmbeds
+from duplex.runtime.contract import CallerAudio
 
 
 @dataclass
@@ -47,7 +49,7 @@ def _stem_length(frames: int) -> int:
 
 
 class StreamingAudioEncoder:
-    """Batch computation for the ``simple`` scheduler: items carry ``{"audio": f32 16 kHz}``."""
+    """Batch computation for the ``simple`` scheduler: ``CallerAudio`` in, ``AudioEmbeds`` out."""
 
     def __init__(self, tower, device: str = "cpu") -> None:
         self.tower = tower
@@ -68,15 +70,12 @@ class StreamingAudioEncoder:
     def __call__(self, items: list, states: list[dict]) -> list[list[Any]]:
         encoder_states = [s.setdefault("encoder", self.new_state()) for s in states]
         for item, state in zip(items, encoder_states):
-            data = item.data or {}
-            audio = data.get("audio") if isinstance(data, dict) else None
-            if audio is None and not item.eos:
-                raise ValueError("encoder input needs {'audio': float32 16 kHz mono}")
-            if data.get("sample_rate", 16000) != 16000:
-                raise ValueError(f"encoder input must be 16 kHz, got {data.get('sample_rate')}")
+            if not isinstance(item.data, CallerAudio) and (item.data is not None or not item.eos):
+                raise ValueError(f"encoder input needs CallerAudio, got {type(item.data).__name__}")
+            audio = item.data.samples if item.data is not None else None
             self._push(state, np.zeros(0, np.float32) if audio is None else audio, item.eos)
         windows = self.encode_ready(encoder_states, [item.eos for item in items])
-        return [[{"audio_embeds": w, "floor_moved": s.floor_moved}] if w is not None else []
+        return [[AudioEmbeds(w, floor_moved=s.floor_moved)] if w is not None else []
                 for w, s in zip(windows, encoder_states)]
 
     # -- streaming steps -------------------------------------------------------------------------
@@ -141,7 +140,7 @@ class StreamingAudioEncoder:
                 mel = normalize(state.mel.frames(chunk.mel_start, chunk.mel_start + chunk.mel_len), chunk.floor)
                 mels.append(F.pad(mel, (0, width - chunk.mel_len)))
             stems = self._stem(torch.stack(mels).to(self.device))
-            for (state, chunk), stem in zip(members, stems):
+            for (_, chunk), stem in zip(members, stems):
                 chunk.tokens = stem[: _stem_length(chunk.mel_len)]
 
     def _stem(self, mels: torch.Tensor) -> torch.Tensor:

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from duplex.models.qwen3_omni.kv_cache import SlotBatch, SlotKVCache
-from duplex.runtime.schedulers.ar import RowOutput
+from duplex.models.qwen3_omni.payloads import CodecChunk, TalkerPrefix, ThinkerStep
+from duplex.runtime.contract import Request, RowOutput, SlotBatch, SlotKVCache, TurnRequest
 
 DEFAULT_MAX_FRAMES = 250  # 20 s of speech
 _ASSISTANT_PREFIX = 9  # header (3) + tts_pad (4) + tts_bos + first reply token
@@ -60,7 +60,8 @@ class TalkerRunner:
     releases_in_flight = True  # resolve skips rows it did not plan; open leaves tensors to compute
 
     def __init__(self, talker, config, *, memory_bytes: int | None, max_len: int = 2048, max_slots: int = 16,
-                 first_chunk_frames: int = 2, chunk_frames: int = 6, speaker: str = "ethan", device: str = "cpu") -> None:
+                 first_chunk_frames: int = 2, chunk_frames: int = 6, speaker: str = "ethan",
+                 device: str = "cpu") -> None:
         tcfg = config.talker_config
         text = tcfg.text_config
         self.talker, self.tcfg, self.device = talker, tcfg, device
@@ -86,11 +87,12 @@ class TalkerRunner:
         self.rows: dict[int, _Row] = {}
 
     # -- StepRunner protocol ---------------------------------------------------------------------
-    def open(self, slot: int, request_id: str, params: dict) -> None:
-        speaker = str(params.get("speaker", self.default_speaker)).lower()
+    def open(self, slot: int, request_id: str, request: Request) -> None:
+        options = request.options if isinstance(request, TurnRequest) else {}  # per-request knobs (benches)
+        speaker = str(options.get("speaker", self.default_speaker)).lower()
         if speaker not in self.tcfg.speaker_id:
             speaker = self.default_speaker
-        max_new = int(params.get("talker_max_new_tokens", DEFAULT_MAX_FRAMES + 1))
+        max_new = int(options.get("talker_max_new_tokens", DEFAULT_MAX_FRAMES + 1))
         # The slot's seen/feedback rows are reset by this row's prefill compute, on the worker,
         # after any step of a previous owner that is still in flight.
         self.rows[slot] = _Row(request_id, max_new, self.tcfg.speaker_id[speaker])
@@ -98,13 +100,13 @@ class TalkerRunner:
     def feed(self, slot: int, source: str, data: Any, eos: bool) -> None:
         row = self.rows[slot]
         if data is not None:
-            if not isinstance(data, dict) or "embeds" not in data:
-                raise ValueError("talker input needs the thinker's {'embeds', 'token_ids'} chunks")
+            if not isinstance(data, ThinkerStep):
+                raise ValueError(f"talker input needs the thinker's ThinkerSteps, got {type(data).__name__}")
             if row.prefix is None:
-                if "talker_prefix" not in data:
+                if data.talker_prefix is None:
                     raise ValueError("the thinker's first chunk must carry talker_prefix")
-                row.prefix = data["talker_prefix"]
-            row.texts.extend(torch.as_tensor(data["embeds"], dtype=torch.float32).unbind(0))
+                row.prefix = data.talker_prefix
+            row.texts.extend(torch.as_tensor(data.embeds, dtype=torch.float32).unbind(0))
         if eos:
             if row.prefix is None:
                 raise ValueError("the thinker ended without a reply token")
@@ -123,7 +125,7 @@ class TalkerRunner:
         for slot in slots:
             row = self.rows[slot]
             if not row.prefilled:
-                length = int(row.prefix["user_embeds"].shape[0]) + _ASSISTANT_PREFIX
+                length = int(row.prefix.user_embeds.shape[0]) + _ASSISTANT_PREFIX
                 if length + row.max_new_tokens > self.max_len:
                     raise ValueError(f"talker prefix of {length} + {row.max_new_tokens} exceeds {self.max_len}")
                 plan.prefill.append((slot, row.prefix, row.texts[0], row.speaker_id))
@@ -178,7 +180,7 @@ class TalkerRunner:
     # -- inputs -----------------------------------------------------------------------------------
     def _text_for_step(self, row: _Row, step: int) -> torch.Tensor | None:
         """Unprojected text input for decode step ``step`` (>= 1), or None while not yet known."""
-        tts_bos, tts_eos, tts_pad = row.prefix["tts_embeds"]
+        tts_bos, tts_eos, tts_pad = row.prefix.tts_embeds
         index = step  # reply token ``step`` (0-based) is spoken at step ``step``
         if index + 1 < len(row.texts) or (index < len(row.texts) and not row.thinker_done):
             return row.texts[index]  # not the thinker's last token: a later one came, or its eos did not
@@ -187,15 +189,15 @@ class TalkerRunner:
         # The thinker's last token is never spoken: tts_eos takes its place, tts_pad follows.
         return tts_eos if index == len(row.texts) - 1 else tts_pad
 
-    def _prefill_embeds(self, prefix: dict, first_token: torch.Tensor, speaker_id: int) -> torch.Tensor:
+    def _prefill_embeds(self, prefix: TalkerPrefix, first_token: torch.Tensor, speaker_id: int) -> torch.Tensor:
         """User turn, then the assistant header: 3 header tokens, 4 x tts_pad, tts_bos and the first
         reply token on the text side, over zeros and the codec control ids on the codec side."""
         talker, cfg = self.talker, self.tcfg
-        mm = torch.as_tensor(prefix["user_mm"], dtype=torch.bool, device=self.device)[:, None]
-        user = torch.where(mm, talker.hidden_projection(prefix["user_hidden"].to(self.device)),
-                           self._project_text(prefix["user_embeds"]))
-        header = self._project_text(prefix["assistant_embeds"])
-        tts_bos, _, tts_pad = self._project_text(prefix["tts_embeds"]).unbind(0)
+        mm = torch.as_tensor(prefix.user_mm, dtype=torch.bool, device=self.device)[:, None]
+        user = torch.where(mm, talker.hidden_projection(prefix.user_hidden.to(self.device)),
+                           self._project_text(prefix.user_embeds))
+        header = self._project_text(prefix.assistant_embeds)
+        tts_bos, _, tts_pad = self._project_text(prefix.tts_embeds).unbind(0)
         text_side = torch.cat([header[:3], tts_pad.expand(4, -1), tts_bos[None], self._project_text(first_token[None])])
         control = [cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, speaker_id,
                    cfg.codec_pad_id, cfg.codec_bos_id]
@@ -217,7 +219,7 @@ class TalkerRunner:
         return self.talker.text_projection(x.to(self.device))
 
     def _forward(self, embeds: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
-        mask = self.kv.bind(batch)
+        mask = self.kv.bind(batch)["full_attention"]
         out = self.talker.model(inputs_embeds=embeds, attention_mask=mask,
                                 position_ids=batch.position_ids().to(self.device), cache=self.kv, use_cache=True)
         return out.last_hidden_state
@@ -261,7 +263,7 @@ class TalkerRunner:
         chunk = None
         if row.pending_frames:
             codes = np.stack(row.pending_frames, axis=1).astype(np.int64)  # (groups, n)
-            chunk = {"codes": codes, "start": row.emitted_frames}
+            chunk = CodecChunk(codes, start=row.emitted_frames)
             row.emitted_frames += codes.shape[1]
             row.pending_frames = []
         if ended:

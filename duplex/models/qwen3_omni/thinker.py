@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from duplex.models.qwen3_omni.kv_cache import SlotBatch, SlotKVCache
 from duplex.models.qwen3_omni.loading import SpecialTokens
-from duplex.runtime.schedulers.ar import RowOutput
+from duplex.models.qwen3_omni.payloads import AudioEmbeds, TalkerPrefix, TextToken, ThinkerStep
+from duplex.runtime.contract import Request, RowOutput, SlotBatch, SlotKVCache
 
 DEFAULT_MAX_NEW_TOKENS = 64
 
@@ -74,7 +74,8 @@ class ThinkerRunner:
     releases_in_flight = True  # resolve skips rows it did not plan; open touches no tensor
 
     def __init__(self, lm, config, tokens: SpecialTokens, *, memory_bytes: int | None, max_len: int = 1024,
-                 max_slots: int = 16, system_ids: list[int] | None = None, detokenize=None, device: str = "cpu") -> None:
+                 max_slots: int = 16, system_ids: list[int] | None = None, detokenize=None,
+                 device: str = "cpu") -> None:
         text = config.thinker_config.text_config
         self.lm, self.tokens, self.device = lm, tokens, device
         self.accept_layer = config.talker_config.accept_hidden_layer
@@ -82,7 +83,8 @@ class ThinkerRunner:
         per_slot = SlotKVCache.bytes_per_slot(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, max_len)
         slots = max_slots if memory_bytes is None else min(max_slots, memory_bytes // per_slot)
         if slots < 1:
-            raise ValueError(f"thinker: memory budget {memory_bytes} B holds no KV slot of {per_slot} B (max_len {max_len})")
+            raise ValueError(f"thinker: memory budget {memory_bytes} B holds no KV slot of {per_slot} B "
+                             f"(max_len {max_len})")
         self.capacity = int(slots)
         self.kv = SlotKVCache(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, self.capacity, max_len,
                               device=device)
@@ -95,9 +97,9 @@ class ThinkerRunner:
             self.tts_embeds = lm.model.embed_tokens(ids).float().cpu()
 
     # -- StepRunner protocol ---------------------------------------------------------------------
-    def open(self, slot: int, request_id: str, params: dict) -> None:
+    def open(self, slot: int, request_id: str, request: Request) -> None:
         t = self.tokens
-        row = _Row(request_id, int(params.get("thinker_max_new_tokens", DEFAULT_MAX_NEW_TOKENS)), {t.im_end})
+        row = _Row(request_id, getattr(request, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS, {t.im_end})
         system = [t.im_start, t.system, t.newline, *self.system_ids, t.im_end, t.newline]
         row.pending = [_Piece(ids=system, role="system"), _Piece(ids=[t.im_start, t.user, t.newline, t.audio_start])]
         self.rows[slot] = row
@@ -106,14 +108,15 @@ class ThinkerRunner:
         row = self.rows[slot]
         if row.input_ended:
             raise ValueError("input after the end of the user turn")
-        embeds = data.get("audio_embeds") if isinstance(data, dict) else None
+        embeds = data.embeds if isinstance(data, AudioEmbeds) else None
         if embeds is not None:
             embeds = torch.as_tensor(embeds, dtype=torch.float32)
             if embeds.ndim != 2 or embeds.shape[1] != self.lm.model.config.hidden_size:
-                raise ValueError(f"audio_embeds must be (n, {self.lm.model.config.hidden_size}), got {tuple(embeds.shape)}")
+                raise ValueError(f"audio_embeds must be (n, {self.lm.model.config.hidden_size}), "
+                                 f"got {tuple(embeds.shape)}")
             row.pending.append(_Piece(embeds=embeds))
         elif data is not None and not eos:
-            raise ValueError("thinker input needs {'audio_embeds': (n, hidden)}")
+            raise ValueError(f"thinker input needs AudioEmbeds, got {type(data).__name__}")
         if eos:
             t = self.tokens
             row.input_ended = True
@@ -186,8 +189,9 @@ class ThinkerRunner:
         return torch.cat(parts, dim=0)
 
     def _forward(self, embeds: torch.Tensor, batch: SlotBatch, hidden_states: bool):
-        mask = self.kv.bind(batch)
-        return self.lm.model(inputs_embeds=embeds, attention_mask=mask, position_ids=batch.position_ids().to(self.device),
+        mask = self.kv.bind(batch)["full_attention"]
+        positions = batch.position_ids().to(self.device)
+        return self.lm.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
                              cache=self.kv, use_cache=True, output_hidden_states=hidden_states)
 
     def _prefill(self, rows: list[_PrefillRow]) -> list[tuple[torch.Tensor, torch.Tensor, int | None]]:
@@ -236,15 +240,12 @@ class ThinkerRunner:
         with torch.no_grad():
             embed = self.lm.model.embed_tokens(torch.tensor([token], device=self.device)).float().cpu()
         row.generated += 1
-        data: dict[str, Any] = {"text": self.detokenize(token), "token_ids": [token], "embeds": embed}
+        prefix = None
         if first:
-            data["talker_prefix"] = {
-                "user_embeds": torch.cat(row.user_embeds),
-                "user_hidden": torch.cat(row.user_hidden),
-                "user_mm": torch.cat(row.user_mm),
-                "assistant_embeds": row.assistant_embeds,
-                "tts_embeds": self.tts_embeds,
-            }
+            prefix = TalkerPrefix(user_embeds=torch.cat(row.user_embeds), user_hidden=torch.cat(row.user_hidden),
+                                  user_mm=torch.cat(row.user_mm), assistant_embeds=row.assistant_embeds,
+                                  tts_embeds=self.tts_embeds)
+        data = ThinkerStep(TextToken(self.detokenize(token), token_ids=[token]), embed, prefix)
         if token in row.eos_ids or row.generated >= row.max_new_tokens:
             return RowOutput(done=True, final=data)
         return RowOutput(emits=[data])

@@ -72,7 +72,8 @@ def tiny_config():
     from transformers import Qwen3OmniMoeConfig
 
     mrope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2], "interleaved": True}
-    text = {**_attention(2), **_moe(), "vocab_size": TINY_VOCAB, "rope_parameters": mrope, "max_position_embeddings": 4096}
+    text = {**_attention(2), **_moe(), "vocab_size": TINY_VOCAB, "rope_parameters": mrope,
+            "max_position_embeddings": 4096}
     audio = {
         "num_mel_bins": 128,
         "encoder_layers": 2,
@@ -89,7 +90,8 @@ def tiny_config():
     thinker = {
         "audio_config": audio,
         "text_config": text,
-        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": HIDDEN},
+        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                          "out_hidden_size": HIDDEN},
         "audio_token_id": TOKENS["audio_token_id"],
         "audio_start_token_id": TOKENS["audio_start_token_id"],
         "image_token_id": TOKENS["image_token_id"],
@@ -147,7 +149,8 @@ def tiny_config():
     config.talker_config.text_config.shared_expert_intermediate_size = 64
     config.talker_config.spatial_merge_size = 2
     # Ids the tiny vocabulary needs that the config has no field for (see loading.special_tokens).
-    config.duplex_tokens = {"audio_end_token_id": TOKENS["audio_end_token_id"], "newline_token_id": TOKENS["newline_token_id"]}
+    config.duplex_tokens = {"audio_end_token_id": TOKENS["audio_end_token_id"],
+                            "newline_token_id": TOKENS["newline_token_id"]}
     return config
 
 

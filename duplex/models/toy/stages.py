@@ -8,15 +8,28 @@ from typing import Any
 
 import numpy as np
 
-from duplex.config.pipeline import StageConfig
-from duplex.runtime.scheduler import WorkItem
+from duplex.runtime.contract import BuildContext, Payload, WorkItem
+
+
+class Blob(Payload, tag="toy.Blob"):
+    """The relay bench's payload: ``nbytes`` of sevens, numbered, stamped with its send time."""
+
+    blob: Any  # np.ndarray, uint8
+    index: int
+    t0: int  # time.monotonic_ns() when it was made
+
+
+class HopReport(Payload, tag="toy.HopReport"):
+    hop_ns: int
+    nbytes: int
+    intact: bool
 
 
 def _text(data: Any) -> str:
     return data["text"] if isinstance(data, dict) else str(data)
 
 
-def build_split(stage: StageConfig, ctx: object):
+def build_split(ctx: BuildContext):
     """Text in -> one chunk per word, streamed; the last word is the final output."""
 
     def split(items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
@@ -26,9 +39,9 @@ def build_split(stage: StageConfig, ctx: object):
     return split
 
 
-def build_upper(stage: StageConfig, ctx: object):
+def build_upper(ctx: BuildContext):
     """Upper-cases each chunk; ``delay_ms`` stands for compute per row (so aborts can land mid-step)."""
-    delay = float(stage.args.get("delay_ms", 0)) / 1000
+    delay = float(ctx.args.get("delay_ms", 0)) / 1000
 
     def upper(items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
         if delay:
@@ -43,7 +56,7 @@ def build_upper(stage: StageConfig, ctx: object):
     return upper
 
 
-def build_count(stage: StageConfig, ctx: object):
+def build_count(ctx: BuildContext):
     """Counts the chunks of a request; emits the count once input ends."""
 
     def count(items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
@@ -56,7 +69,7 @@ def build_count(stage: StageConfig, ctx: object):
     return count
 
 
-def build_join(stage: StageConfig, ctx: object):
+def build_join(ctx: BuildContext):
     """Fan-in: gets {source: final data} once every ``wait_for`` source has finished."""
 
     def join(items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
@@ -65,10 +78,10 @@ def build_join(stage: StageConfig, ctx: object):
     return join
 
 
-def build_blob_source(stage: StageConfig, ctx: object):
-    """Emits a blob of ``params['nbytes']`` bytes per input, numbered, stamped with its send time
-    (relay bench); ``delay_ms`` stands for compute before it."""
-    delay = float(stage.args.get("delay_ms", 0)) / 1000
+def build_blob_source(ctx: BuildContext):
+    """Emits a ``Blob`` of the request's ``options['nbytes']`` bytes per input (relay bench);
+    ``delay_ms`` stands for compute before it."""
+    delay = float(ctx.args.get("delay_ms", 0)) / 1000
 
     def source(items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
         if delay:
@@ -76,17 +89,17 @@ def build_blob_source(stage: StageConfig, ctx: object):
         out = []
         for item, state in zip(items, states):
             state["sent"] = state.get("sent", 0) + 1
-            blob = np.full(int(item.params["nbytes"]), 7, dtype=np.uint8)
-            out.append([{"blob": blob, "index": state["sent"] - 1, "t0": time.monotonic_ns()}])
+            blob = np.full(int(item.params.options["nbytes"]), 7, dtype=np.uint8)
+            out.append([Blob(blob, index=state["sent"] - 1, t0=time.monotonic_ns())])
         return out
 
     return source
 
 
-def build_blob_sink(stage: StageConfig, ctx: object):
+def build_blob_sink(ctx: BuildContext):
     """Reports how long the blob took to arrive, and checks its bytes; ``delay_ms`` stands for
     compute after that."""
-    delay = float(stage.args.get("delay_ms", 0)) / 1000
+    delay = float(ctx.args.get("delay_ms", 0)) / 1000
 
     def sink(items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
         arrived = time.monotonic_ns()
@@ -94,9 +107,9 @@ def build_blob_sink(stage: StageConfig, ctx: object):
             time.sleep(delay)
         out = []
         for item in items:
-            blob = item.data["blob"]
+            blob = item.data.blob
             intact = bool(blob.size == 0 or (blob[0] == 7 and blob[-1] == 7))
-            out.append([{"hop_ns": arrived - item.data["t0"], "nbytes": int(blob.size), "intact": intact}])
+            out.append([HopReport(hop_ns=arrived - item.data.t0, nbytes=int(blob.size), intact=intact)])
         return out
 
     return sink

@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from duplex.config.pipeline import StageConfig
 from duplex.models.toy_voice.synth import SAMPLE_RATE, speak
-from duplex.runtime.scheduler import WorkItem
+from duplex.runtime.contract import SESSION_RATE, AgentAudio, AgentText, BuildContext, CallerAudio, Transcript, WorkItem
 
 DEFAULT_REPLY = (
     "I heard {seconds} seconds of speech with about {syllables} syllables. "
@@ -37,9 +36,8 @@ class Ears:
         return [self._one(item, state) for item, state in zip(items, states)]
 
     def _one(self, item: WorkItem, state: dict) -> list[Any]:
-        chunk = item.data if isinstance(item.data, dict) else {}
-        audio = np.asarray(chunk.get("audio", np.zeros(0, np.float32)), np.float32).reshape(-1)
-        rate = int(chunk.get("sample_rate", SAMPLE_RATE))
+        audio = item.data.samples if isinstance(item.data, CallerAudio) else np.zeros(0, np.float32)
+        rate = SESSION_RATE
         hop = max(1, rate * _ENVELOPE_MS // 1000)
         usable = len(audio) - len(audio) % hop
         envelope = np.sqrt(np.mean(audio[:usable].reshape(-1, hop) ** 2, axis=1)) if usable else np.zeros(0)
@@ -47,7 +45,7 @@ class Ears:
         state["seconds"] = state.get("seconds", 0.0) + len(audio) / rate
         if not item.eos:
             return []
-        return [{"user_text": self._describe(state), "user_text_final": True}]
+        return [Transcript(self._describe(state), final=True)]
 
     @staticmethod
     def _describe(state: dict) -> str:
@@ -71,17 +69,18 @@ class Mind:
         return [self._one(item) for item in items]
 
     def _one(self, item: WorkItem) -> list[Any]:
-        heard = item.data.get("user_text", "") if isinstance(item.data, dict) else ""
+        heard = item.data.text if isinstance(item.data, Transcript) else ""
         numbers = [token for token in heard.replace("[", " ").split() if _is_number(token)]
         seconds, syllables = (numbers + ["no", "no"])[:2]
         words = self.reply.format(seconds=seconds, syllables=syllables).split()
         if not item.eos:
             return []
-        return [{"text": word} for word in words]
+        return [AgentText(word) for word in words]
 
 
 class Voice:
-    """Turns each word into voiced syllables; emits one audio chunk (with its text) per word."""
+    """Turns each word into voiced syllables; emits per word its text delta, then its audio
+    (which says the word it voices)."""
 
     def __init__(self, pace: float) -> None:
         self.pace = pace
@@ -89,7 +88,7 @@ class Voice:
     def __call__(self, items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
         outputs, seconds = [], 0.0
         for item, state in zip(items, states):
-            word = item.data.get("text", "") if isinstance(item.data, dict) else ""
+            word = item.data.text if isinstance(item.data, AgentText) else ""
             if not word:
                 outputs.append([])
                 continue
@@ -97,7 +96,7 @@ class Voice:
             audio = speak(word, index)
             seconds = max(seconds, len(audio) / SAMPLE_RATE)
             text = word if index == 0 else " " + word
-            outputs.append([{"audio": audio, "sample_rate": SAMPLE_RATE, "text": text}])
+            outputs.append([AgentText(text), AgentAudio(audio, SAMPLE_RATE, text)])
         time.sleep(self.pace * seconds)  # the batch's rows are made together, like a vocoder step
         return outputs
 
@@ -110,16 +109,16 @@ def _is_number(token: str) -> bool:
     return True
 
 
-def build_ears(stage: StageConfig, ctx: object) -> Ears:
+def build_ears(ctx: BuildContext) -> Ears:
     return Ears()
 
 
-def build_mind(stage: StageConfig, ctx: object) -> Mind:
-    return Mind(str(stage.args.get("reply", DEFAULT_REPLY)))
+def build_mind(ctx: BuildContext) -> Mind:
+    return Mind(str(ctx.args.get("reply", DEFAULT_REPLY)))
 
 
-def build_voice(stage: StageConfig, ctx: object) -> Voice:
-    return Voice(float(stage.args.get("pace", 0.3)))
+def build_voice(ctx: BuildContext) -> Voice:
+    return Voice(float(ctx.args.get("pace", 0.3)))
 
 
 BUILDERS = {

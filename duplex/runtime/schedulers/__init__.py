@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from duplex.config.pipeline import StageConfig
 from duplex.runtime.scheduler import Scheduler
 from duplex.runtime.schedulers.ar import ARScheduler, FeedbackARScheduler
 from duplex.runtime.schedulers.simple import SimpleScheduler
 
-SCHEDULERS: dict[str, Callable[[StageConfig, object], Scheduler]] = {
+SCHEDULERS: dict[str, Callable[[StageConfig, Any], Scheduler]] = {
     "simple": SimpleScheduler,
     "ar": ARScheduler,
     "feedback_ar": FeedbackARScheduler,

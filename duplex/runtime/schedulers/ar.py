@@ -35,62 +35,26 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from duplex.config.pipeline import (
     ARSchedulerConfig,
     FeedbackARSchedulerConfig,
+    SimpleSchedulerConfig,
     StageConfig,
 )
-from duplex.runtime.scheduler import AbortCommand, Emit, Scheduler, WorkItem
-from duplex.runtime.schedulers.kv_slots import SlotPool
+from duplex.runtime.contract import ErrorCode, StageError, StepRunner
+from duplex.runtime.ended import EndedRequests
+from duplex.runtime.scheduler import AbortCommand, Emit, Scheduler, Wake, WorkItem
+from duplex.runtime.schedulers.slot_pool import SlotPool
 from duplex.runtime.steptrace import StepTrace
 
-_FORGOTTEN_KEEP = 4096  # finished request ids remembered so late inputs are dropped, not revived
 GIL_SWITCH_S = 0.0005
-_STEP_DONE = object()  # put on the inbox when a step's compute finishes: wakes the loop
+_STEP_DONE = Wake()  # put on the inbox when a step's compute finishes
 
 
-@dataclass
-class RowOutput:
-    """What one row produced in one step: chunks to emit, and whether the request is done."""
-
-    emits: list[Any] = field(default_factory=list)
-    done: bool = False
-    final: Any = None  # data of the eos emit when done
-    error: str | None = None
-
-
-class StepRunner(Protocol):
-    """A model's side of an AR stage. Slots are chosen by the scheduler, in [0, capacity)."""
-
-    capacity: int
-
-    def open(self, slot: int, request_id: str, params: dict) -> None: ...
-
-    def feed(self, slot: int, source: str, data: Any, eos: bool) -> None:
-        """One input of the request in ``slot``; raise ValueError for bad input (fails that request)."""
-
-    def ready(self, slot: int) -> bool:
-        """Whether the row has work for the next step (inputs arrived, not waiting on feedback)."""
-
-    def plan(self, slots: list[int]) -> Any:
-        """Book one step for these rows (scheduler thread; no tensor reads of earlier steps)."""
-
-    def compute(self, plan: Any) -> Any:
-        """Run the step (worker thread, in plan order)."""
-
-    def resolve(self, plan: Any, raw: Any) -> dict[int, RowOutput]: ...
-
-    def close(self, slot: int) -> None:
-        """Drop every bit of the slot's state; the slot may be reused next."""
-
-    # Optional: ``releases_in_flight = True`` lets an aborted row's slot go back at once, while a
-    # step that holds it is still computing (see the module docstring for what that requires).
-
-    def held(self) -> dict[str, int]:
-        """Extra resources the runner holds (e.g. ``feedback_rows``), for stats."""
+# RowOutput and StepRunner are the runtime's public contract (``duplex.runtime.contract``).
 
 
 @dataclass
@@ -116,15 +80,16 @@ class ARScheduler(Scheduler):
 
     def __init__(self, stage: StageConfig, runner: StepRunner) -> None:
         super().__init__(stage.name)
-        if not isinstance(stage.scheduler, self.config_type):
+        cfg = stage.scheduler
+        if not isinstance(cfg, self.config_type) or isinstance(cfg, SimpleSchedulerConfig):
             raise TypeError(f"stage {stage.name}: {type(self).__name__} needs a {self.config_type.__name__}")
-        self._cfg = stage.scheduler
+        self._cfg = cfg
         self.runner = runner
         self._pool = SlotPool(min(self._cfg.max_running_requests, runner.capacity))
         self._waiting: OrderedDict[str, list[WorkItem]] = OrderedDict()
         self._rows: dict[str, _Row] = {}
         self._closing: dict[int, str] = {}  # slot -> request id, released after the step in flight
-        self._forgotten: OrderedDict[str, None] = OrderedDict()
+        self._forgotten: EndedRequests[None] = EndedRequests()  # so late inputs are dropped, not revived
         self._outstanding: list[_Step] = []  # launched, not yet resolved (at most two)
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"step-{stage.name}") if self._cfg.lookahead else None
@@ -190,7 +155,7 @@ class ARScheduler(Scheduler):
                 return False
             if isinstance(entry, AbortCommand):
                 self._abort(entry.request_id)
-            elif entry is not _STEP_DONE:
+            elif isinstance(entry, WorkItem):
                 self._accept(entry)
             block = False
 
@@ -211,7 +176,7 @@ class ARScheduler(Scheduler):
         try:
             self.runner.feed(row.slot, item.source, item.data, item.eos)
         except ValueError as exc:
-            self._end(row, Emit(row.request_id, error=f"{self.name}: {exc}"))
+            self._end(row, Emit(row.request_id, error=StageError(ErrorCode.BAD_INPUT, str(exc), self.name)))
 
     def _admit(self) -> None:
         while self._waiting and self._pool.free:
@@ -268,7 +233,7 @@ class ARScheduler(Scheduler):
             for data in out.emits:
                 self.outbox.put(Emit(row.request_id, data))
             if out.error is not None:
-                self._end(row, Emit(row.request_id, error=f"{self.name}: {out.error}"))
+                self._end(row, Emit(row.request_id, error=StageError(ErrorCode.STAGE_FAILED, out.error, self.name)))
             elif out.done:
                 self._end(row, Emit(row.request_id, out.final, eos=True))
 
@@ -276,7 +241,7 @@ class ARScheduler(Scheduler):
         for rid in owners.values():
             row = self._rows.get(rid)
             if row is not None and not row.done:
-                self._end(row, Emit(row.request_id, error=f"{self.name}: {reason}"))
+                self._end(row, Emit(row.request_id, error=StageError(ErrorCode.STAGE_FAILED, reason, self.name)))
 
     def _end(self, row: _Row, emit: Emit) -> None:
         self.outbox.put(emit)
@@ -301,7 +266,7 @@ class ARScheduler(Scheduler):
             self._closing[row.slot] = row.request_id
         self._release_closing(at_once={row.slot} if at_once else set())
 
-    def _release_closing(self, at_once: set[int] = frozenset()) -> None:
+    def _release_closing(self, at_once: frozenset[int] | set[int] = frozenset()) -> None:
         busy = {owner for step in self._outstanding for owner in step.owners.items()}
         for slot, rid in list(self._closing.items()):
             if (slot, rid) in busy and slot not in at_once:
@@ -312,9 +277,7 @@ class ARScheduler(Scheduler):
                 self._pool.release(slot, rid)
 
     def _remember(self, request_id: str) -> None:
-        self._forgotten[request_id] = None
-        while len(self._forgotten) > _FORGOTTEN_KEEP:
-            self._forgotten.popitem(last=False)
+        self._forgotten.add(request_id)
 
 
 class FeedbackARScheduler(ARScheduler):

@@ -3,22 +3,36 @@
 The computation is ``fn(items, states) -> outputs per item`` (see ``BatchComputation``). A
 batch never holds two items of one request, so per-request state is touched by one row at a
 time; ``batch_key`` (optional) keeps rows of one batch alike (e.g. same chunk length).
+
+A failed batch is retried row by row, so one bad row fails alone. Computations change a row's
+state as they go (append the audio, push the text), before the call that fails, so the scheduler
+snapshots each row's state before a call with more than one row and restores it before the
+retry: a good row's input counts once.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Hashable, Protocol
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
 
 from duplex.config.pipeline import SimpleSchedulerConfig, StageConfig
-from duplex.runtime.scheduler import AbortCommand, Emit, Scheduler, WorkItem
+from duplex.runtime.contract import ErrorCode, StageError
+from duplex.runtime.scheduler import AbortCommand, Emit, Scheduler, Wake, WorkItem
 from duplex.runtime.steptrace import StepTrace
+
+log = logging.getLogger("duplex.scheduler")
 
 
 class BatchComputation(Protocol):
+    """``states[i]`` is request ``items[i].request_id``'s own dict, kept between its items. It
+    holds plain data (arrays, numbers, small objects) that ``copy.deepcopy`` can snapshot."""
+
     def __call__(self, items: list[WorkItem], states: list[dict]) -> list[list[Any]]: ...
 
 
@@ -35,6 +49,7 @@ class SimpleScheduler(Scheduler):
         self._aborted_in_batch: set[str] = set()
         self._lock = threading.Lock()  # guards _waiting/_states for stats readers
         self._trace = StepTrace(stage.name)
+        self._batches_alone = False  # set once a state could not be snapshot
 
     # -- stats (any thread) -------------------------------------------------------------------
     def live_requests(self) -> set[str]:
@@ -87,9 +102,11 @@ class SimpleScheduler(Scheduler):
             except queue.Empty:
                 return True
 
-    def _accept(self, entry: WorkItem | AbortCommand) -> None:
+    def _accept(self, entry: WorkItem | AbortCommand | Wake) -> None:
         if isinstance(entry, AbortCommand):
             self._forget(entry.request_id)
+            return
+        if isinstance(entry, Wake):
             return
         with self._lock:
             self._waiting.append(entry)
@@ -123,6 +140,11 @@ class SimpleScheduler(Scheduler):
             states = [self._states[item.request_id] for item in batch]
         if not batch:
             return
+        before = self._snapshot(states) if len(batch) > 1 else None  # only such a call is retried
+        if len(batch) > 1 and before is None:
+            for item in batch:  # alone, a row needs no snapshot
+                self._process([item])
+            return
         t0 = time.monotonic()
         try:
             outputs = self._fn(batch, states)
@@ -131,18 +153,36 @@ class SimpleScheduler(Scheduler):
             if len(outputs) != len(batch):
                 raise RuntimeError(f"returned {len(outputs)} outputs for {len(batch)} items")
         except Exception as exc:
-            if len(batch) > 1:
-                # One bad row must not fail its batch mates: run each alone, so only the rows
-                # that fail by themselves fail. (Computations validate a row before changing its
-                # state, so the failed batch call left the good rows' state as it was.)
+            if before is not None:
+                # One bad row must not fail its batch mates: run each alone, from the state it
+                # had before the failed call, so only the rows that fail by themselves fail.
+                self._restore(batch, before)
                 for item in batch:
                     self._process([item])
                 return
-            self.outbox.put(Emit(batch[0].request_id, error=f"{self.name}: {exc!r}"))
+            self.outbox.put(Emit(batch[0].request_id, error=StageError(ErrorCode.STAGE_FAILED, repr(exc), self.name)))
             self._forget(batch[0].request_id)
             return
         for item, produced in zip(batch, outputs):
             self._emit(item, list(produced))
+
+    def _snapshot(self, states: list[dict]) -> list[dict] | None:
+        """Copies of the rows' states, or None if one cannot be copied (the computation broke
+        the plain-data rule: its rows then run one at a time, which is slower but exact)."""
+        if self._batches_alone:
+            return None
+        try:
+            return [copy.deepcopy(state) for state in states]
+        except Exception as exc:  # any copy failure means the same: do not batch
+            log.warning("%s: request state cannot be copied (%r); rows run one at a time", self.name, exc)
+            self._batches_alone = True
+            return None
+
+    def _restore(self, batch: list[WorkItem], before: list[dict]) -> None:
+        with self._lock:
+            for item, state in zip(batch, before):
+                if item.request_id in self._states:  # not aborted during the failed call
+                    self._states[item.request_id] = state
 
     def _emit(self, item: WorkItem, produced: list[Any]) -> None:
         # A request aborted while its batch ran still has its outputs put here: the shell

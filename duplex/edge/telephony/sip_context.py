@@ -1,0 +1,49 @@
+"""What call handling (``sip_calls``) sees of the SIP server: a validated request, and the few
+server functions it calls. A protocol, so the server can own call handling without the two
+modules importing each other."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Protocol
+
+from duplex.edge.telephony.access import AccessPolicy
+from duplex.edge.telephony.config import SipConfig
+from duplex.edge.telephony.sip_headers import NameAddr, Via
+from duplex.edge.telephony.sip_message import SipRequest
+from duplex.edge.telephony.sip_transactions import Address, ServerTransaction, TransactionKey, TransactionTable
+
+
+@dataclass
+class RequestContext:
+    """A request that passed validation, with its parsed identifying headers."""
+
+    request: SipRequest
+    addr: Address
+    via: Via
+    from_: NameAddr
+    to: NameAddr
+    call_id: str
+    cseq: int
+    key: TransactionKey
+
+    @property
+    def method(self) -> str:
+        return self.request.method
+
+
+class SignallingServer(Protocol):
+    config: SipConfig
+    policy: AccessPolicy
+    counters: collections.Counter[str]
+    transactions: TransactionTable
+
+    @property
+    def contact_address(self) -> Address: ...
+
+    def respond(self, request: SipRequest, transaction: ServerTransaction, status: int, *,
+                to_tag: str = "", headers: list[tuple[str, str]] | None = None,
+                body: bytes = b"", reason: str = "", send: bool = True) -> bytes: ...
+
+    def send_request(self, payload: bytes, branch: str, addr: Address) -> None: ...

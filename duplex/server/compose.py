@@ -1,0 +1,79 @@
+"""Build the runtime, the sessions and the edges; serve until Ctrl-C or SIGTERM; stop the edges
+first (no call is left half open), then the stage processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Iterator
+
+import uvicorn
+
+from duplex.config import PipelineConfig
+from duplex.edge.app import create_app
+from duplex.edge.config import EdgeConfig
+from duplex.edge.rtc_options import use_loopback_candidates
+from duplex.edge.telephony import phone_edges
+from duplex.edge.webrtc import WebRTCGateway
+from duplex.models.registry import BUILDERS
+from duplex.runtime.coordinator import Coordinator
+from duplex.runtime.lifecycle import StopSignals
+from duplex.server.runtime_adapter import CoordinatorRuntime
+from duplex.session.config import SessionConfig
+from duplex.session.manager import SessionManager
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the server's one ``StopSignals`` owns shutdown
+    order (edge first, then the stage processes), and uvicorn would re-raise the signal before
+    that runs."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: SessionConfig,
+                log_level: str = "warning", phone: phone_edges.PhoneConfig | None = None) -> int:
+    coordinator = Coordinator(pipeline, BUILDERS)
+    print(f"duplex: starting {len(pipeline.stages)} stages of {pipeline.name} ...", flush=True)
+    await coordinator.start()
+    runtime = CoordinatorRuntime(coordinator)
+    sessions = SessionManager(runtime, session_config, edge.max_sessions, model=pipeline.name)
+    gateway = WebRTCGateway(sessions, edge)
+    phones = phone_edges.PhoneEdges(phone or phone_edges.PhoneConfig(), sessions)
+    use_loopback_candidates(edge.ice_loopback)
+    app = create_app(runtime, sessions, gateway, other_edges=phones.stats_providers())
+    server = _HttpServer(uvicorn.Config(app, host=edge.host, port=edge.port, log_level=log_level,
+                                        lifespan="off", ws="auto" if phones.needs_websockets else "none"))
+    stop = StopSignals()  # before the ready line: a signal sent right after it must stop us cleanly
+    stopper = asyncio.create_task(_exit_on_signal(stop, server))
+    try:
+        await phones.start(app)
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            port = server.servers[0].sockets[0].getsockname()[1]
+            print(f"duplex: {pipeline.name} ready; demo page: http://{edge.host}:{port}/", flush=True)
+        await task
+    except SystemExit as exc:  # uvicorn exits this way when it cannot bind
+        print(f"error: the HTTP server could not start on {edge.host}:{edge.port}", file=sys.stderr)
+        return int(exc.code or 1)
+    except OSError as exc:  # the SIP socket could not bind
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stopper.cancel()
+        stop.close()
+        await phones.close()
+        await gateway.close_all()
+        await coordinator.shutdown()
+        print("duplex: stopped", flush=True)
+    return 0
+
+
+async def _exit_on_signal(stop: StopSignals, server: uvicorn.Server) -> None:
+    await stop.wait()
+    server.should_exit = True

@@ -1,0 +1,100 @@
+"""What a session tells its client, as Realtime events: one method per thing that happened, so
+the session says *what* happened and this module alone knows *how* the Realtime API spells it
+(event types, ids, the response and item resources of ``events.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from duplex.runtime.contract import Transcript
+from duplex.session import events as ev
+from duplex.session.response import Response
+
+
+class Announcer:
+    def __init__(self, session_id: str, send: Callable[[ev.ServerEvent], None]) -> None:
+        self._tag = session_id[-6:]
+        self._send = send
+        self._count = 0
+
+    def emit(self, event: ev.ServerEvent) -> None:
+        self._count += 1
+        event.event_id = f"event_{self._tag}_{self._count}"
+        self._send(event)
+
+    def error(self, code: str, message: str, event_id: str | None = None,
+              kind: str = "invalid_request_error") -> None:
+        self.emit(ev.ErrorEvent(error=ev.ErrorDetail(type=kind, code=code, message=message, event_id=event_id)))
+
+    def state(self, state: str) -> None:
+        self.emit(ev.StateChanged(state=state))
+
+    # -- the caller's turn ----------------------------------------------------------------------
+    def speech_started(self, user_item: str, onset_ms: int) -> None:
+        self.emit(ev.SpeechStarted(audio_start_ms=onset_ms, item_id=user_item))
+
+    def turn_committed(self, user_item: str, end_ms: int) -> None:
+        self.emit(ev.SpeechStopped(audio_end_ms=end_ms, item_id=user_item))
+        self.emit(ev.InputCommitted(item_id=user_item))
+        self.emit(ev.ItemAdded(item=ev.user_audio_item(user_item)))
+
+    def user_transcript(self, user_item: str, transcript: Transcript) -> None:
+        if transcript.final:
+            self.emit(ev.TranscriptionCompleted(item_id=user_item, transcript=transcript.text))
+        else:
+            self.emit(ev.TranscriptionDelta(item_id=user_item, delta=transcript.text))
+
+    # -- preemptive generation ------------------------------------------------------------------
+    def speculation_started(self, response: Response, audio_end_ms: int) -> None:
+        self.emit(ev.PreemptiveStarted(item_id=response.user_item_id or "", request_id=response.turn.request_id,
+                                       audio_end_ms=audio_end_ms))
+
+    def speculation_cancelled(self, response: Response, resumed_ms: int) -> None:
+        self.emit(ev.PreemptiveCancelled(item_id=response.user_item_id or "", request_id=response.turn.request_id,
+                                         audio_start_ms=resumed_ms, reason="speech_resumed"))
+
+    def speculation_committed(self, response: Response, audio_ready_ms: int) -> None:
+        self.emit(ev.PreemptiveCommitted(item_id=response.user_item_id or "", request_id=response.turn.request_id,
+                                         response_id=response.id, audio_ready_ms=audio_ready_ms))
+
+    # -- a response -----------------------------------------------------------------------------
+    def response_created(self, response: Response) -> None:
+        self.emit(ev.ResponseCreated(response=self._resource(response, "in_progress")))
+        self.emit(ev.OutputItemAdded(response_id=response.id,
+                                     item=ev.assistant_item(response.item_id, "", "in_progress")))
+
+    def agent_text(self, response: Response, delta: str) -> None:
+        self.emit(ev.AudioTranscriptDelta(response_id=response.id, item_id=response.item_id, delta=delta))
+
+    def response_completed(self, response: Response) -> None:
+        self.emit(ev.AudioTranscriptDone(response_id=response.id, item_id=response.item_id,
+                                         transcript="".join(response.transcript)))
+        self.emit(ev.ResponseDone(response=self._resource(response, "completed")))
+
+    def response_failed(self, response: Response, error: str | None) -> None:
+        details = ev.StatusDetails(type="failed", error=error)
+        self.emit(ev.ResponseDone(response=self._resource(response, "failed", details)))
+
+    def response_cancelled(self, response: Response, reason: str) -> None:
+        details = ev.StatusDetails(type="cancelled", reason=reason)
+        self.emit(ev.ResponseDone(response=self._resource(response, "cancelled", details)))
+
+    # -- its audio ------------------------------------------------------------------------------
+    def audio_started(self, response: Response) -> None:
+        self.emit(ev.OutputAudioStarted(response_id=response.id))
+        self.emit(ev.TurnMetrics(response_id=response.id, ttfa_ms=response.ttfa_ms))
+
+    def audio_stopped(self, response: Response) -> None:
+        self.emit(ev.OutputAudioStopped(response_id=response.id))
+
+    def audio_cut(self, response: Response, heard_ms: int) -> None:
+        self.emit(ev.OutputAudioCleared(response_id=response.id))
+        self.emit(ev.ItemTruncated(item_id=response.item_id, audio_end_ms=heard_ms))
+
+    def barge_in(self, response: Response, stop_ms: float) -> None:
+        self.emit(ev.TurnMetrics(response_id=response.id, barge_in_ms=round(stop_ms, 1)))
+
+    @staticmethod
+    def _resource(response: Response, status: ev.ResponseStatus,
+                  details: ev.StatusDetails | None = None) -> ev.ResponseResource:
+        return ev.response_resource(response.id, response.item_id, "".join(response.transcript), status, details)

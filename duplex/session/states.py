@@ -1,0 +1,87 @@
+"""The session's two state machines, each with its states and legal transitions in one table:
+the call's (what the conversation is doing) and each response's (where one answer is in its
+life). Moving to a state the table does not allow from the current one raises
+``IllegalTransition``: that is a bug in the session, never something a caller can cause."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Generic, TypeVar
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class CallState(str, enum.Enum):
+    IDLE = "idle"  # listening; no response is live
+    USER_SPEAKING = "user_speaking"  # a caller turn is open (its audio streams to the runtime)
+    RESPONDING = "responding"  # a response was announced; none of its audio has played yet
+    AGENT_SPEAKING = "agent_speaking"  # the response's audio is playing
+    CLOSED = "closed"
+
+
+CALL_TRANSITIONS: Mapping[CallState, frozenset[CallState]] = {
+    CallState.IDLE: frozenset({CallState.USER_SPEAKING, CallState.RESPONDING, CallState.CLOSED}),
+    # the turn ends (a response follows), or is dropped (cleared, or its request failed)
+    CallState.USER_SPEAKING: frozenset({CallState.RESPONDING, CallState.IDLE, CallState.CLOSED}),
+    # first audio played; the response ended or was cancelled; a barge-in opens a turn
+    CallState.RESPONDING: frozenset({CallState.AGENT_SPEAKING, CallState.IDLE, CallState.USER_SPEAKING,
+                                     CallState.CLOSED}),
+    CallState.AGENT_SPEAKING: frozenset({CallState.IDLE, CallState.USER_SPEAKING, CallState.CLOSED}),
+    CallState.CLOSED: frozenset(),
+}
+
+
+class ResponseState(str, enum.Enum):
+    LISTENING = "listening"  # the caller's turn streams into the request; agent output is held
+    SPECULATIVE = "speculative"  # the caller paused: input closed, every output held (preemption)
+    COMMITTED = "committed"  # the turn ended: announced (response.created); no audio queued yet
+    SPEAKING = "speaking"  # its audio is queued for playout; the runtime still produces
+    DRAINING = "draining"  # the runtime completed it; the rest of its audio plays out
+    DONE = "done"  # completed and all of its audio played (or it had none)
+    CANCELLED = "cancelled"  # stopped by us: barge-in, client cancel, superseded, cleared, hang-up
+    FAILED = "failed"  # the runtime failed it
+
+
+_STOPPABLE = frozenset({ResponseState.CANCELLED, ResponseState.FAILED})
+
+RESPONSE_TRANSITIONS: Mapping[ResponseState, frozenset[ResponseState]] = {
+    ResponseState.LISTENING: frozenset({ResponseState.SPECULATIVE, ResponseState.COMMITTED}) | _STOPPABLE,
+    # the turn ended as the speculation assumed, or the caller spoke again (cancelled)
+    ResponseState.SPECULATIVE: frozenset({ResponseState.COMMITTED}) | _STOPPABLE,
+    ResponseState.COMMITTED: frozenset({ResponseState.SPEAKING, ResponseState.DONE}) | _STOPPABLE,
+    ResponseState.SPEAKING: frozenset({ResponseState.DRAINING}) | _STOPPABLE,
+    ResponseState.DRAINING: frozenset({ResponseState.DONE, ResponseState.CANCELLED}),
+    ResponseState.DONE: frozenset(),
+    ResponseState.CANCELLED: frozenset(),
+    ResponseState.FAILED: frozenset(),
+}
+
+S = TypeVar("S", CallState, ResponseState)
+
+
+class StateMachine(Generic[S]):
+    """A current state and the table of where it may go next."""
+
+    def __init__(self, name: str, initial: S, transitions: Mapping[S, frozenset[S]]) -> None:
+        self.name = name
+        self._state: S = initial
+        self._transitions: Mapping[S, frozenset[S]] = transitions
+
+    @property
+    def state(self) -> S:
+        return self._state
+
+    def allows(self, new: S) -> bool:
+        return new in self._transitions[self._state]
+
+    def move(self, new: S) -> None:
+        if not self.allows(new):
+            raise IllegalTransition(f"{self.name}: {self._state.value} -> {new.value} is not a legal transition")
+        self._state = new
+
+    @property
+    def ended(self) -> bool:
+        return not self._transitions[self._state]

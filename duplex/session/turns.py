@@ -1,0 +1,103 @@
+"""Turn detection and preemption policy: when a caller's turn starts, when a pause is long enough
+to start answering (speculatively), when the caller resumes, when the turn ends and when it has
+gone on too long. Pure decisions over the per-frame voiced verdicts (``vad.FrameClassifier``), on
+stream time (ms of audio pushed), never wall time, so they are tested without a clock.
+
+- start after ``min_speech_ms`` of voiced audio within ``start_window_ms``;
+- end after ``silence_ms`` of unvoiced audio, or once the turn has lasted ``max_turn_s``;
+- with preemptive generation on, a pause of ``pause_ms`` (shorter than ``silence_ms``) is
+  reported, so the session can close the turn's input and start the answer while it waits out
+  the rest of the silence; voice again after such a pause is reported as a resume.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+from duplex.session.config import SessionConfig, VadConfig
+
+
+class StopReason(str, enum.Enum):
+    SILENCE = "silence"  # the end-of-turn silence went by
+    MAX_LENGTH = "max_length"  # the turn was committed at the longest a turn may last
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    onset_ms: int  # stream time of the first voiced frame of the speech
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    end_ms: int  # stream time just after the last voiced frame (or the cut, at max length)
+    reason: StopReason = StopReason.SILENCE
+
+
+@dataclass(frozen=True)
+class SpeechPaused:
+    end_ms: int  # stream time just after the last voiced frame; the turn may still go on
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    at_ms: int  # stream time of the voiced frame that ended the pause
+
+
+TurnCue = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
+
+
+class TurnDetector:
+    def __init__(self, config: VadConfig, pause_ms: int | None = None, max_turn_ms: int | None = None) -> None:
+        self.config = config
+        self.pause_ms = pause_ms  # None: no pause cues (preemption off)
+        self.max_turn_ms = max_turn_ms  # None: a turn may last forever
+        self.speaking = False
+        self.paused = False  # a SpeechPaused was reported and no voiced frame came since
+        self._window: deque[tuple[int, bool]] = deque(maxlen=max(1, config.start_window_ms // config.frame_ms))
+        self._unvoiced_ms = 0
+        self._last_voiced_end_ms = 0
+        self._onset_ms = 0
+
+    @classmethod
+    def for_session(cls, config: SessionConfig) -> TurnDetector:
+        return cls(config.vad, config.pause_ms, round(1000 * config.max_turn_s))
+
+    def push(self, frame_start_ms: int, voiced: bool) -> TurnCue | None:
+        """One frame's verdict; returns the cue this frame completes, if any."""
+        frame_ms = self.config.frame_ms
+        self._window.append((frame_start_ms, voiced))
+        if voiced:
+            self._unvoiced_ms = 0
+            self._last_voiced_end_ms = frame_start_ms + frame_ms
+            if self.paused:
+                self.paused = False
+                return SpeechResumed(at_ms=frame_start_ms)
+        else:
+            self._unvoiced_ms += frame_ms
+        if not self.speaking:
+            return self._maybe_start()
+        if self._unvoiced_ms >= self.config.silence_ms:
+            self.reset()
+            return SpeechStopped(end_ms=self._last_voiced_end_ms)
+        if self.pause_ms is not None and not self.paused and self._unvoiced_ms >= self.pause_ms:
+            self.paused = True
+            return SpeechPaused(end_ms=self._last_voiced_end_ms)
+        if self.max_turn_ms is not None and frame_start_ms - self._onset_ms > self.max_turn_ms:
+            self.reset()
+            return SpeechStopped(end_ms=frame_start_ms + frame_ms, reason=StopReason.MAX_LENGTH)
+        return None
+
+    def _maybe_start(self) -> SpeechStarted | None:
+        voiced_ms = self.config.frame_ms * sum(1 for _, v in self._window if v)
+        if voiced_ms < self.config.min_speech_ms:
+            return None
+        self.speaking = True
+        self._onset_ms = next(start for start, v in self._window if v)
+        return SpeechStarted(onset_ms=self._onset_ms)
+
+    def reset(self) -> None:
+        self.speaking = self.paused = False
+        self._window.clear()
+        self._unvoiced_ms = 0

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The habits that keep the house in order: layer contracts (import-linter), ruff, a type checker on the
+# runtime, the session and the contract module, no import cycles, no file over 500 lines.
+# Run from scripts/test.sh before the suite; needs the venv from scripts/setup.sh --test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+echo "== lint: layer contracts"
+lint-imports --no-cache
+echo "== lint: ruff"
+ruff check duplex tools tests
+echo "== lint: mypy (runtime, session, contract)"
+mypy duplex/runtime duplex/session
+echo "== lint: import cycles"
+python scripts/import_cycles.py
+echo "== lint: file sizes"
+big=$(git ls-files '*.py' | xargs wc -l | awk '$2 != "total" && $1 > 500 {print "  " $2 " (" $1 " lines)"}')
+if [ -n "$big" ]; then echo "files over 500 lines:"; echo "$big"; exit 1; fi
+echo "== lint: ok"

@@ -1,0 +1,67 @@
+"""The layer contracts hold, and they are not decoration: a deliberate violation of each kind
+fails them. The checks run on a copy of the package so the tree under test is untouched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is installed by setup.sh --test")
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "duplex", tmp_path / "duplex", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
+    return tmp_path
+
+
+def test_the_tree_keeps_its_contracts(tree: Path) -> None:
+    result = _lint(tree)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "broken" not in result.stdout.lower().replace("0 broken", "")
+
+
+@pytest.mark.parametrize(("module", "source", "contract"), [
+    ("duplex/runtime/_violation.py", "import duplex.models.registry\n",
+     "Only the server room knows the model families"),
+    ("duplex/session/_violation.py", "from duplex.edge import webrtc\n",
+     "Rooms: cli -> server -> edge -> session -> runtime -> config"),
+    ("duplex/models/toy/_violation.py", "from duplex.runtime.coordinator import Coordinator\n",
+     "Model families import only the runtime's public contract"),
+    ("duplex/edge/_violation.py", "from duplex.runtime import coordinator\n",
+     "The edge knows transports and the session, not the coordinator or stages"),
+])
+def test_a_violation_breaks_its_contract(tree: Path, module: str, source: str, contract: str) -> None:
+    (tree / module).write_text(source)
+    result = _lint(tree)
+    assert result.returncode != 0
+    broken = [line for line in result.stdout.splitlines() if "BROKEN" in line]
+    assert any(contract in line for line in broken), result.stdout
+
+
+def test_an_import_cycle_is_found(tree: Path) -> None:
+    shutil.copytree(ROOT / "scripts", tree / "scripts")
+    clean = subprocess.run([sys.executable, str(tree / "scripts" / "import_cycles.py")], capture_output=True,
+                           text=True, timeout=60)
+    assert clean.returncode == 0, clean.stdout
+    (tree / "duplex" / "config" / "_a.py").write_text("def f():\n    from duplex.config import _b\n")
+    (tree / "duplex" / "config" / "_b.py").write_text("from duplex.config import _a\n")
+    cyclic = subprocess.run([sys.executable, str(tree / "scripts" / "import_cycles.py")], capture_output=True,
+                            text=True, timeout=60)
+    assert cyclic.returncode == 1
+    assert "duplex.config._a <-> duplex.config._b" in cyclic.stdout

@@ -1,0 +1,230 @@
+"""`duplex bench load`: concurrent scripted callers against a live server, at several session
+counts. Each caller is a real WebRTC client playing one scenario (default: ask, barge in after a
+second of the answer, hear the answer to the interruption out). Per level: TTFB and barge-in stop
+time percentiles, calls that failed or were refused, CPU used by the server (edge + stage
+processes, when it runs on this host) and by the callers, and agent audio frames lost or late.
+A PNG shows the curves and where the knee is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import time
+
+import psutil
+
+from duplex.edge.rtc_options import use_loopback_candidates
+from duplex_tools import SCENARIOS_DIR
+from duplex_tools.bench.report import percentile, table, write_json
+from duplex_tools.scenario.cli import is_loopback_url
+from duplex_tools.scenario.frames import frame_quality
+from duplex_tools.scenario.measure import measure
+from duplex_tools.scenario.model import Scenario, ScenarioError, load_scenario
+from duplex_tools.scenario.runner import run_scenario
+from duplex_tools.scenario.server_stats import ServerStats, StatsError
+
+DEFAULT_CALLER = SCENARIOS_DIR / "load" / "caller.yaml"
+KNEE_TTFB_GROWTH = 1.5  # the knee: p95 TTFB this many times the single-session p95 ...
+STOP_BUDGET_MS = 200.0  # ... or barge-in stop p95 over the design budget, or >1% frames late/lost
+FRAME_BUDGET = 0.05
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("load", help="concurrent callers: TTFB, barge-in stop, CPU, late frames vs sessions")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="a running server (start it with --max-sessions >= the largest level)")
+    target.add_argument("--serve", metavar="CONFIG",
+                        help="start `duplex serve --config CONFIG` on loopback for the run")
+    parser.add_argument("--sessions", default="1,2,4,8,16", help="concurrent callers per level, comma separated")
+    parser.add_argument("--scenario", default=str(DEFAULT_CALLER), help="what each caller does (a scenario YAML)")
+    parser.add_argument("--rounds", type=int, default=1, help="calls per caller per level")
+    parser.add_argument("--stagger-s", type=float, default=1.0, help="callers start spread over this many seconds")
+    parser.add_argument("--late-ms", type=float, default=60.0, help="a frame this far behind its schedule is late")
+    parser.add_argument("--json", dest="json_path", help="write results here")
+    parser.add_argument("--plot", default="bench-load.png", help="PNG of the curves ('' to skip)")
+    parser.set_defaults(func=run, takes_overrides=False)
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    try:
+        levels = sorted({int(n) for n in args.sessions.split(",") if n.strip()})
+        caller = load_scenario(args.scenario)
+    except (ValueError, ScenarioError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not levels or levels[0] < 1:
+        print("error: --sessions needs positive counts", file=sys.stderr)
+        return 2
+    if args.serve:
+        from duplex_tools.harness import ServerProcess
+
+        with ServerProcess(["--config", args.serve, "--port", "0", "--ice-loopback",
+                            "--max-sessions", str(levels[-1])], ready_timeout=600) as server:
+            assert server.url is not None
+            return asyncio.run(bench(server.url, levels, caller, args))
+    return asyncio.run(bench(args.url, levels, caller, args))
+
+
+async def bench(url: str, levels: list[int], caller: Scenario, args: argparse.Namespace) -> int:
+    use_loopback_candidates(is_loopback_url(url))
+    rows = []
+    for sessions in levels:
+        print(f"level {sessions} session(s): {sessions * args.rounds} call(s) ...", flush=True)
+        row = await run_level(url, caller, sessions, args.rounds, args.stagger_s, args.late_ms)
+        rows.append(row)
+        print(f"  TTFB p50 {_ms(row['ttfb_ms']['p50'])} p95 {_ms(row['ttfb_ms']['p95'])}; "
+              f"stop p95 {_ms(row['stop_ms']['p95'])}; failed {row['calls_failed']}/{row['calls']}", flush=True)
+    knee = find_knee(rows)
+    print(render(rows, knee))
+    report = {"url": url, "scenario": caller.name, "rounds": args.rounds, "levels": rows, "knee_sessions": knee,
+              "knee_rule": f"last level with p95 TTFB <= {KNEE_TTFB_GROWTH}x the lowest level's, barge-in stop p95 "
+                           f"<= {STOP_BUDGET_MS:.0f} ms and <= {FRAME_BUDGET:.0%} of frames late or lost"}
+    if args.plot:
+        from duplex_tools.bench.load_plot import (
+            plot_load,  # matplotlib: only when drawing
+        )
+
+        plot_load(rows, knee, args.plot, title=f"duplex bench load ({caller.name}) against {url}")
+        print(f"wrote {args.plot}")
+    write_json(args.json_path, report)
+    return 0 if all(r["calls_ok"] for r in rows) else 1
+
+
+async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stagger_s: float, late_ms: float) -> dict:
+    server = await _server_processes(url)
+    client = psutil.Process()
+    before = _cpu_seconds(server), _cpu_seconds([client]), time.monotonic(), _machine_busy_seconds()
+    calls: list[dict] = []
+
+    async def one_caller(index: int) -> None:
+        await asyncio.sleep(random.Random(index).uniform(0, stagger_s))
+        for _ in range(rounds):
+            recording = await run_scenario(caller, url, exclusive=False)
+            result = measure(caller, recording, exclusive=False)
+            calls.append({"result": result, "frames": frame_quality(recording, late_ms), "error": recording.error,
+                          "dropped": recording.hangup_status == 404})
+
+    await asyncio.gather(*(one_caller(i) for i in range(sessions)))
+    wall = time.monotonic() - before[2]
+    server_cpu = _cpu_seconds(server) - before[0] if server else None
+    client_cpu = _cpu_seconds([client]) - before[1]
+    machine_busy = _machine_busy_seconds() - before[3]
+    leftover = await _leftover(url)
+    ttfb = [v for c in calls for v in c["result"].ttfb_ms]
+    stop = [v for c in calls for v in c["result"].stop_ms]
+    heard = sum(c["frames"].heard for c in calls)
+    return {
+        "sessions": sessions, "calls": len(calls), "calls_ok": sum(c["result"].passed for c in calls),
+        "calls_failed": sum(not c["result"].passed for c in calls),
+        "errors": sorted({c["error"][:160] for c in calls if c["error"]}),
+        "ttfb_ms": _spread(ttfb), "stop_ms": _spread(stop),
+        "false_interruptions": sum(c["result"].false_interruptions for c in calls),
+        "calls_dropped": sum(c["dropped"] for c in calls),  # the server had ended the call before our hang-up
+        "frames_heard": heard, "frames_lost": sum(c["frames"].lost for c in calls),
+        "frames_late": sum(c["frames"].late for c in calls),
+        "frames_bad_share": (sum(c["frames"].lost + c["frames"].late for c in calls) / heard) if heard else None,
+        "mic_stalls": sum(c["frames"].mic_stalls for c in calls),
+        "wall_s": round(wall, 2),
+        "server_cpu_cores": None if server_cpu is None else round(server_cpu / wall, 3),
+        "client_cpu_cores": round(client_cpu / wall, 3), "machine_cores": os.cpu_count(),
+        "machine_busy_cores": round(machine_busy / wall, 3),  # everything on the host, other work included
+        "left_behind": leftover,
+    }
+
+
+def _ms(value: float, unit: str = " ms") -> str:
+    return "-" if value != value else f"{value:.0f}{unit}"  # NaN: no samples at this level
+
+
+def _spread(values: list[float]) -> dict:
+    return {"n": len(values), "p50": percentile(values, 50), "p95": percentile(values, 95),
+            "p99": percentile(values, 99), "max": max(values) if values else float("nan")}
+
+
+def find_knee(rows: list[dict]) -> int | None:
+    """The largest session count before the first level that breaks a budget."""
+    base = rows[0]["ttfb_ms"]["p95"] if rows else float("nan")
+    knee = None
+    for row in rows:
+        broken = (row["calls_failed"] > 0 or not row["ttfb_ms"]["p95"] <= KNEE_TTFB_GROWTH * base
+                  or not row["stop_ms"]["p95"] <= STOP_BUDGET_MS or (row["frames_bad_share"] or 0) > FRAME_BUDGET)
+        if broken:
+            break
+        knee = row["sessions"]
+    return knee
+
+
+def render(rows: list[dict], knee: int | None) -> str:
+    headers = ["sessions", "calls ok", "dropped", "TTFB p50", "TTFB p95", "TTFB p99", "stop p50", "stop p95",
+               "stop p99", "false int.", "frames lost", "frames late", "mic stalls", "server CPU", "client CPU",
+               "machine busy"]
+    body = [[r["sessions"], f"{r['calls_ok']}/{r['calls']}", r["calls_dropped"],
+             *(_ms(r["ttfb_ms"][q], "") for q in ("p50", "p95", "p99")),
+             *(_ms(r["stop_ms"][q], "") for q in ("p50", "p95", "p99")), r["false_interruptions"],
+             r["frames_lost"], r["frames_late"], r["mic_stalls"],
+             "-" if r["server_cpu_cores"] is None else f"{r['server_cpu_cores']:.2f} cores",
+             f"{r['client_cpu_cores']:.2f} cores", f"{r['machine_busy_cores']:.2f} cores"] for r in rows]
+    notes = [f"times in ms at the client; {rows[0]['machine_cores'] if rows else '?'} CPU cores on this machine; "
+             "machine busy counts every process on it, ours and others'"]
+    notes.append(f"knee: {knee} session(s)" if knee else "knee: below the lowest level")
+    for r in rows:
+        if r["errors"]:
+            notes.append(f"{r['sessions']} sessions: " + "; ".join(r["errors"]))
+        if r["left_behind"]:
+            notes.append(f"{r['sessions']} sessions: left behind after all calls ended: {r['left_behind']}")
+    return table(headers, body) + "\n" + "\n".join(notes)
+
+
+async def _server_processes(url: str) -> list[psutil.Process]:
+    """The server's edge process and its stage processes, if they run on this host."""
+    if not is_loopback_url(url):
+        return []
+    stats = ServerStats(url)
+    try:
+        current = await stats.get()
+    except (StatsError, OSError):
+        return []
+    finally:
+        await stats.close()
+    found: dict[int, psutil.Process] = {}
+    for stage in current.get("stages", {}).values():
+        try:
+            process = psutil.Process(int(stage["pid"]))
+            found[process.pid] = process
+            parent = process.parent()
+            if parent is not None:
+                found[parent.pid] = parent
+        except (psutil.Error, KeyError, ValueError):
+            continue
+    return list(found.values())
+
+
+def _machine_busy_seconds() -> float:
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+async def _leftover(url: str) -> dict:
+    stats = ServerStats(url)
+    try:
+        await stats.wait_idle(timeout=10.0, no_sessions=True)
+        return {}
+    except StatsError as exc:
+        return {"error": str(exc)}
+    finally:
+        await stats.close()

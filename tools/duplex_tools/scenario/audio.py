@@ -1,0 +1,60 @@
+"""The caller's audio for each step, made at run time: espeak-ng speech, WAV files, noise
+bursts (white, or a cough-like burst), silence. All float32 mono at 48 kHz."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from duplex.audio import resample
+from duplex_tools.client import FRAME, ONSET_RMS, RATE
+from duplex_tools.harness import espeak, read_wav
+from duplex_tools.scenario.model import Scenario, Step
+
+NOISE_RMS = 0.3
+
+
+@lru_cache(maxsize=128)
+def _speech(text: str, voice: str, words_per_minute: int) -> np.ndarray:
+    return espeak(text, rate=RATE, voice=voice, words_per_minute=words_per_minute)
+
+
+def step_audio(scenario: Scenario, step: Step, seed: int = 0) -> np.ndarray:
+    if step.say is not None:
+        samples = _speech(step.say, step.voice, step.words_per_minute) * step.level
+    elif step.wav is not None:
+        data, rate = read_wav(scenario.wav_path(step))
+        samples = resample(data, rate, RATE) * step.level
+    elif step.noise is not None:
+        samples = noise_burst(step.noise, step.noise_kind, step.level, seed)
+    else:
+        samples = np.zeros(int(round((step.pause or 0.0) * RATE)), np.float32)
+    return np.clip(samples, -1.0, 1.0).astype(np.float32)
+
+
+def noise_burst(seconds: float, kind: str = "white", level: float = 1.0, seed: int = 0) -> np.ndarray:
+    """White noise at a steady level, or a cough: noise low-passed to a chesty band under a
+    sharp attack and a fast decay."""
+    n = max(1, int(round(seconds * RATE)))
+    noise = np.random.default_rng(seed).normal(0.0, 1.0, n)
+    if kind == "cough":
+        spectrum = np.fft.rfft(noise)
+        freqs = np.fft.rfftfreq(n, 1 / RATE)
+        spectrum *= 1.0 / (1.0 + (freqs / 1200.0) ** 2)
+        noise = np.fft.irfft(spectrum, n)
+        t = np.arange(n) / RATE
+        noise *= np.minimum(1.0, t / 0.008) * np.exp(-t / max(seconds / 3, 1e-3))
+    rms = float(np.sqrt(np.mean(noise**2))) or 1.0
+    return (noise * (NOISE_RMS * level / rms)).astype(np.float32)
+
+
+def loud_span(samples: np.ndarray) -> tuple[int, int] | None:
+    """First and last 20 ms frame (as the microphone cuts the clip) loud enough to count as
+    sound: the first is the one whose sending marks the clip's onset."""
+    frames = len(samples) // FRAME + (len(samples) % FRAME > 0)
+    padded = np.zeros(frames * FRAME, np.float32)
+    padded[: len(samples)] = samples
+    rms = np.sqrt(np.mean(padded.reshape(frames, FRAME) ** 2, axis=1))
+    loud = np.flatnonzero(rms > ONSET_RMS)
+    return (int(loud[0]), int(loud[-1])) if loud.size else None
