@@ -37,10 +37,6 @@ class SessionAudioTrack(MediaStreamTrack):
         self._pts = 0
         self._time_base = Fraction(1, fmt.sample_rate)
 
-    @property
-    def frames_sent(self) -> int:
-        return self._pts // self._format.frame_samples
-
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError

@@ -47,9 +47,6 @@ class StageProcesses:
         self.restarts: dict[str, int] = {name: 0 for name in self.groups}
         self._mp = mp.get_context("spawn")
 
-    def process_of(self, stage: str) -> str:
-        return next(p for p, stages in self.groups.items() if stage in stages)
-
     def spawn(self, process: str, tombstones: list[str] | None = None) -> mp.process.BaseProcess:
         spec = HostSpec(run_id=self.run_id, process=process, pipeline=self.cfg.model_dump(),
                         addresses=self.addresses, tombstones=tombstones or [],

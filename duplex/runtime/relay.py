@@ -55,7 +55,6 @@ class ShmPool:
         self._capacity = capacity_bytes
         self._free: dict[int, list[_Block]] = {}
         self._allocated = 0
-        self._used = 0
         self._names = itertools.count(1)
 
     @staticmethod
@@ -74,16 +73,10 @@ class ShmPool:
                 return None
             block = _Block(shm.Segment.create(f"{self._prefix}{next(self._names)}", size), size)
             self._allocated += size
-        self._used += 1
         return block
 
     def release(self, block: _Block) -> None:
-        self._used -= 1
         self._free.setdefault(block.size, []).append(block)
-
-    @property
-    def used_blocks(self) -> int:
-        return self._used
 
     def _evict_free(self, needed: int) -> bool:
         for size in sorted(self._free, reverse=True):

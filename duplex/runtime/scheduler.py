@@ -96,7 +96,6 @@ class Scheduler(ABC):
         self.outbox = Outbox()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._abort_callbacks: list[Callable[[str], None]] = []
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run_loop, name=f"sched-{self.name}", daemon=True)
@@ -111,14 +110,6 @@ class Scheduler(ABC):
 
     def abort(self, request_id: str) -> None:
         self.inbox.put(AbortCommand(request_id))
-
-    def register_abort_callback(self, callback: Callable[[str], None]) -> None:
-        """Called (in the scheduler thread) with the request id whenever a request is aborted."""
-        self._abort_callbacks.append(callback)
-
-    def _run_abort_callbacks(self, request_id: str) -> None:
-        for callback in self._abort_callbacks:
-            callback(request_id)
 
     def _run_loop(self) -> None:
         try:

@@ -33,10 +33,6 @@ class FrameClassifier:
     def frame_samples(self) -> int:
         return SESSION_RATE * self.config.frame_ms // 1000
 
-    @property
-    def noise_floor_dbfs(self) -> float:
-        return self._floor_dbfs
-
     def set_aggressiveness(self, aggressiveness: int) -> None:
         self._vad.set_mode(aggressiveness)
 

@@ -66,6 +66,3 @@ def silence_byte(codec: str) -> int:
 def float_to_int16(audio: np.ndarray) -> np.ndarray:
     return (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
 
-
-def int16_to_float(pcm: np.ndarray) -> np.ndarray:
-    return pcm.astype(np.float32) / 32768.0

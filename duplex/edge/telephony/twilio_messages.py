@@ -108,17 +108,12 @@ class Clear(_Out, tag="clear"):
 Outbound = OutMedia | OutMark | Clear
 
 _inbound = msgspec.json.Decoder(Inbound)
-_outbound = msgspec.json.Decoder(Outbound)
 _encoder = msgspec.json.Encoder()
 
 
 def decode_inbound(text: str | bytes) -> Inbound:
     """Raises msgspec.DecodeError / ValidationError (both msgspec.MsgspecError) on bad input."""
     return _inbound.decode(text)
-
-
-def decode_outbound(text: str | bytes) -> Outbound:
-    return _outbound.decode(text)
 
 
 def encode(message: msgspec.Struct) -> str:

@@ -254,7 +254,6 @@ class ARScheduler(Scheduler):
         if row is not None and not row.done:
             self._retire(row, at_once=getattr(self.runner, "releases_in_flight", False))
         self._remember(request_id)
-        self._run_abort_callbacks(request_id)
 
     def _retire(self, row: _Row, at_once: bool = False) -> None:
         """No more steps for this row; its slot goes back once no step in flight holds it, or

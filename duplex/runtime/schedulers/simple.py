@@ -200,7 +200,6 @@ class SimpleScheduler(Scheduler):
 
     def _forget(self, request_id: str) -> None:
         self._drop(request_id)
-        self._run_abort_callbacks(request_id)
 
     def _drop(self, request_id: str) -> None:
         with self._lock:
