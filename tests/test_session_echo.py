@@ -81,3 +81,25 @@ def test_with_the_agent_silent_nothing_is_gated(user):
     silence = np.zeros(3 * RATE, np.float32)
     starts, gate = listen(silence, microphone(silence, 0.0, user, 0.5))
     assert starts and gate.gated_frames == 0
+
+
+def microphone_with_a_delay_change(agent: np.ndarray, gain: float, at_s: float, change_ms: int) -> np.ndarray:
+    """The echo path's delay changes by ``change_ms`` at ``at_s`` (a client's jitter buffer grows
+    or shrinks, frames are lost); a longer delay leaves a hole of that length in the echo."""
+    before, after = int(DELAY_S * RATE), int((DELAY_S + change_ms / 1000) * RATE)
+    at = int(at_s * RATE)
+    mic = np.concatenate([np.zeros(before, np.float32), agent])[:at]
+    later = np.concatenate([np.zeros(after, np.float32), agent])[at:len(agent)]
+    if change_ms > 0:
+        later[:after - before] = 0
+    mic = gain * np.concatenate([mic, later])
+    return mic + np.random.default_rng(0).normal(0, 0.001, len(mic)).astype(np.float32)
+
+
+@pytest.mark.parametrize("change_ms", [40, 100, 300, -40, -100])
+def test_a_jump_in_the_echo_delay_mid_reply_starts_no_turn(agent, change_ms):
+    """Every place in the reply (every 100 ms over its voiced part) where the path could change."""
+    for at_s in np.arange(0.8, 3.6, 0.1):
+        starts, gate = listen(agent, microphone_with_a_delay_change(agent, 0.3, float(at_s), change_ms))
+        assert starts == [], f"the delay changed by {change_ms} ms at {at_s:.1f} s and the echo started a turn"
+    assert abs(gate.delay_ms - (1000 * DELAY_S + change_ms) - 3) < 3  # it follows the new delay

@@ -25,6 +25,12 @@ from duplex.session.config import EchoConfig
 
 TRACK_MS = 200  # input span used to find the delay; long enough to hold a syllable
 _TRACK_MIN_CORRELATION = 0.8  # a delay is adopted only from a clear match
+# When the path's delay jumps (a client's jitter buffer grows, frames are lost), the long span
+# straddles both delays and matches neither for most of its length, and the echo meanwhile
+# reaches the VAD. A short span of only the newest input finds the new delay within a few
+# frames; being short it must match more closely.
+QUICK_TRACK_MS = 40
+_QUICK_MIN_CORRELATION = 0.9
 _NEAR_MS = 3  # the per-frame check looks this far either side of the tracked delay
 
 
@@ -33,6 +39,7 @@ class EchoGate:
         self.config = config
         self._max_delay = SESSION_RATE * config.max_delay_ms // 1000
         self._track_len = SESSION_RATE * TRACK_MS // 1000
+        self._quick_len = SESSION_RATE * QUICK_TRACK_MS // 1000
         self._near = SESSION_RATE * _NEAR_MS // 1000
         self._ref = np.zeros(self._max_delay + self._track_len + 2 * SESSION_RATE // 10, np.float32)
         self._ref_end: float | None = None  # output-clock time (s) just after the newest sample
@@ -93,11 +100,16 @@ class EchoGate:
         return self._ref[stop - length:stop]
 
     def _track_delay(self, segment: np.ndarray) -> None:
-        """Full search: correlate the last TRACK_MS of input against every delay."""
-        rho = _normalised_xcorr(self._input, segment)
-        best = int(np.argmax(rho))
-        if rho[best] >= _TRACK_MIN_CORRELATION:
-            self._delay = self._max_delay - best  # offset in the segment -> delay
+        """Full search: correlate recent input against every delay. The newest QUICK_TRACK_MS
+        first: after a jump the long span still matches the delay that was (mostly old input),
+        which the newest frame no longer has; then the long span, for a first lock."""
+        for span, threshold in ((self._quick_len, _QUICK_MIN_CORRELATION),
+                                (self._track_len, _TRACK_MIN_CORRELATION)):
+            rho = _normalised_xcorr(self._input[-span:], segment[-(span + self._max_delay):])
+            best = int(np.argmax(rho))
+            if rho[best] >= threshold:
+                self._delay = self._max_delay - best  # offset in the segment -> delay
+                return
 
     def _near_match(self, frame: np.ndarray, segment: np.ndarray) -> bool:
         """Is this frame coherent with the output at the tracked delay (± a few ms)?"""
