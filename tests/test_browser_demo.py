@@ -69,6 +69,14 @@ def test_demo_page_talks_with_the_agent(server, fake_mic, tmp_path):
             page.wait_for_function("document.querySelector('#metrics tbody td.num') && "
                                    "document.querySelector('#metrics tbody td.num').textContent.endsWith('ms')",
                                    timeout=10000)
+            # The turn's waterfall: its parts, in order, adding up to the first-audio time beside it.
+            page.wait_for_selector("#metrics tbody .waterfall .part.end_of_turn", timeout=10000)
+            parts = page.evaluate("[...document.querySelector('#metrics tbody .waterfall').children]"
+                                  ".map(p => [p.classList[1], parseFloat(p.dataset.ms)])")
+            ttfa = page.evaluate("parseInt(document.querySelector('#metrics tbody .waterfall')"
+                                 ".closest('tr').cells[1].textContent)")
+            assert parts[0][0] == "end_of_turn", parts  # a part that took no time has no segment
+            assert abs(sum(ms for _, ms in parts) - ttfa) <= 1 + 0.1 * len(parts), (parts, ttfa)
             events = page.evaluate("window.duplex.events.map(e => e.type)")
             for expected in ("session.created", "input_audio_buffer.speech_started",
                              "conversation.item.input_audio_transcription.completed", "output_audio_buffer.started"):

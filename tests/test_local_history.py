@@ -147,3 +147,18 @@ def test_the_history_keeps_only_what_was_heard_and_a_hang_up_frees_it(scheduler,
     assert not runner.histories.has(session) and runner.conversations.get(session) is None
     assert len(runner.histories) == sessions_before - 1
     assert not scheduler.live_requests()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_local_thinker_refuses_tools_with_a_clear_error(scheduler, runner):
+    from duplex.runtime.contract import ErrorCode, ToolSpec
+
+    item = user_turn("tools-1", "One taro please.", "s-tools", tools=[ToolSpec("place_order")])
+    scheduler.inbox.put(item)
+    final = collect(scheduler, {"tools-1"})["tools-1"][-1]
+    assert final.error is not None and final.error.code is ErrorCode.BAD_INPUT
+    assert "the local thinker (Gemma 3 270M, a base model) cannot call functions" in final.error.message
+    assert "duplex serve --llm" in final.error.message
+    wait_until(lambda: _idle(scheduler, runner), what="the refused turn to leave nothing behind")
+    assert _reply(scheduler, user_turn("tools-2", "Hi there.", "s-tools"))  # the stage goes on

@@ -15,7 +15,7 @@ from duplex.session.protocol import apply_settings
     ("{", "invalid_json"),
     ("[1, 2]", "invalid_json"),
     ('{"type": 3}', "missing_type"),
-    ('{"type": "input_audio_buffer.append", "audio": ""}', "unknown_event"),
+    ('{"type": "transcription_session.update", "session": {}}', "unknown_event"),
     ('{"type": "conversation.item.truncate", "item_id": "x"}', "invalid_event"),
     ('{"type": "session.update", "session": {"turn_detection": {"silence_duration_ms": "long"}}}', "invalid_event"),
 ])
@@ -49,7 +49,7 @@ def test_settings_in_ga_and_beta_shapes_map_onto_the_vad():
 
 
 @pytest.mark.parametrize("detection, message", [
-    ({"type": "semantic_vad"}, "only server_vad"),
+    ({"type": "semantic_vad"}, "server_vad or none"),
     ({"threshold": 1.5}, "within 0..1"),
     ({"silence_duration_ms": 10}, "silence_ms"),
 ])

@@ -46,14 +46,23 @@ class FeedbackARSchedulerConfig(_Strict):
     lookahead: bool = True
 
 
+class StreamSchedulerConfig(_Strict):
+    """``stream``: one asyncio task per request (computations that wait on I/O, e.g. an engine
+    reached over HTTP, which batches requests itself)."""
+
+    kind: Literal["stream"] = "stream"
+    max_running_requests: int = Field(64, ge=1)  # requests in flight at once; more wait their turn
+
+
 SchedulerConfig = Annotated[
-    SimpleSchedulerConfig | ARSchedulerConfig | FeedbackARSchedulerConfig,
+    SimpleSchedulerConfig | ARSchedulerConfig | FeedbackARSchedulerConfig | StreamSchedulerConfig,
     Field(discriminator="kind"),
 ]
 SCHEDULER_CONFIGS: dict[str, type[BaseModel]] = {
     "simple": SimpleSchedulerConfig,
     "ar": ARSchedulerConfig,
     "feedback_ar": FeedbackARSchedulerConfig,
+    "stream": StreamSchedulerConfig,
 }
 
 

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+import msgspec
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from duplex.edge.auth import DEMO_SECRET_PATH, OPEN, SECRETS_PATH, Access, AccessMiddleware, AuthError, Credential
+from duplex.edge.config import AccessConfig, RealtimeLimits
+from duplex.edge.realtime_ws import REALTIME_PATH, RealtimeDoor
 from duplex.edge.sdp import OfferError
 from duplex.edge.signalling import SignallingError, read_call_request
 from duplex.edge.webrtc import WebRTCGateway
+from duplex.session import events as ev
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.port import VoiceRuntime
+from duplex.session.protocol import apply_settings
 
 log = logging.getLogger("duplex.edge")
 WEB_DIR = Path(str(files("duplex") / "web"))  # the demo page ships inside the package (package data)
@@ -26,11 +33,65 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", heade
     return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
 
 
+def _credential(request: Request | WebSocket) -> Credential:
+    return getattr(request.state, "credential", OPEN)
+
+
 def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCGateway,
-               other_edges: dict[str, Callable[[], dict]] | None = None, web_dir: Path = WEB_DIR) -> FastAPI:
-    """``other_edges``: stats providers of further transports (e.g. SIP), shown in /duplex/stats."""
+               other_edges: dict[str, Callable[[], dict]] | None = None, web_dir: Path = WEB_DIR,
+               access: Access | None = None, limits: RealtimeLimits | None = None) -> FastAPI:
+    """``other_edges``: stats providers of further transports (e.g. SIP), shown in /duplex/stats.
+    ``access``: who may use it (``auth.py``; open by default); ``limits``: of WebSocket sessions."""
     app = FastAPI(title="duplex", docs_url=None, redoc_url=None)
-    edges: dict[str, Callable[[], dict]] = {"webrtc": gateway.stats, **(other_edges or {})}
+    access = access or Access(AccessConfig())
+    door = RealtimeDoor(sessions, limits or RealtimeLimits())
+    app.state.realtime = door
+    app.add_middleware(AccessMiddleware, access=access)
+    edges: dict[str, Callable[[], dict]] = {"webrtc": gateway.stats, "websocket": door.stats,
+                                            "access": access.stats, **(other_edges or {})}
+
+    sockets: set[str] = set()  # live WebSocket sessions, as the access records name them
+
+    def live(call_id: str) -> bool:
+        return call_id in gateway.calls or call_id in sockets
+
+    @app.websocket(REALTIME_PATH)
+    async def realtime(websocket: WebSocket) -> None:
+        credential = _credential(websocket)
+        connection_id = f"ws_{secrets.token_hex(16)}"
+        sockets.add(connection_id)
+        access.opened(connection_id, credential, live)
+        try:
+            await door.serve(websocket, credential.settings)
+        finally:
+            sockets.discard(connection_id)
+            access.forget(connection_id)
+
+    @app.post(SECRETS_PATH)
+    async def client_secret(request: Request) -> Response:
+        try:
+            ttl, settings = _secret_request(await request.body())
+            if settings is not None:
+                apply_settings(sessions.config, settings)  # refused now, not when the call opens
+            secret = access.mint(ttl, settings)
+        except AuthError as exc:
+            return _auth_error(exc)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return _secret_reply(secret)
+
+    @app.post(DEMO_SECRET_PATH, include_in_schema=False)
+    async def demo_secret() -> Response:
+        """The demo page's own secret, when the server lets the page in without the key."""
+        if not access.enabled:
+            return _error(404, "this server needs no key: call it directly", "not_found")
+        if not access.config.demo_open:
+            return _error(403, "the demo page is closed on this server (start it with --demo-open)",
+                          "permission_error")
+        try:
+            return _secret_reply(access.mint())
+        except AuthError as exc:
+            return _auth_error(exc)
 
     @app.get("/", include_in_schema=False)
     async def demo_page() -> FileResponse:
@@ -42,7 +103,9 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
     async def create_call(request: Request) -> Response:
         try:
             call = await read_call_request(request)
-            call_id, answer = await gateway.answer(call.sdp, call.settings)
+            credential = _credential(request)
+            call_id, answer = await gateway.answer(call.sdp, call.settings or credential.settings)
+            access.opened(call_id, credential, live)
         except SignallingError as exc:
             return _error(exc.status, str(exc))
         except SessionsFull as exc:
@@ -53,10 +116,30 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
                         headers={"Location": f"{CALLS_PATH}/{call_id}"})
 
     @app.delete(CALLS_PATH + "/{call_id}")
-    async def hang_up(call_id: str) -> Response:
+    @app.post(CALLS_PATH + "/{call_id}/hangup")
+    async def hang_up(call_id: str, request: Request) -> Response:
+        try:
+            access.check_owner(call_id, _credential(request))
+        except AuthError as exc:
+            return _auth_error(exc)
         if not await gateway.hang_up(call_id):
+            access.forget(call_id)
             return _error(404, f"no call {call_id!r}", "not_found")
+        access.forget(call_id)
         return Response(status_code=204)
+
+    @app.get(CALLS_PATH + "/{call_id}")
+    async def inspect_call(call_id: str, request: Request) -> Response:
+        try:
+            access.check_owner(call_id, _credential(request))
+        except AuthError as exc:
+            return _auth_error(exc)
+        call = gateway.calls.get(call_id)
+        if call is None:
+            return _error(404, f"no call {call_id!r}", "not_found")
+        session = call.session
+        return JSONResponse({"id": call_id, "object": "realtime.call", "status": call.pc.connectionState,
+                             "session": session.stats() | {"id": session.session_id} if session else None})
 
     @app.get("/duplex/stats")
     async def stats() -> JSONResponse:
@@ -69,3 +152,37 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
                              "sessions": sessions.stats()})
 
     return app
+
+
+def _auth_error(exc: AuthError) -> Response:
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return Response(exc.body(), status_code=exc.status, media_type="application/json", headers=headers)
+
+
+class _SecretRequest(msgspec.Struct, kw_only=True):
+    class Expiry(msgspec.Struct, kw_only=True):
+        anchor: str = "created_at"
+        seconds: float = 600.0
+
+    expires_after: Expiry | None = None
+    session: ev.SessionSettings | None = None
+
+
+def _secret_request(body: bytes) -> tuple[float | None, ev.SessionSettings | None]:
+    """The body of POST /v1/realtime/client_secrets (empty, or OpenAI's shape). Raises ValueError."""
+    if not body.strip():
+        return None, None
+    try:
+        request = msgspec.json.decode(body, type=_SecretRequest)
+    except msgspec.MsgspecError as exc:
+        raise ValueError(f"client secret request: {exc}") from None
+    expiry = request.expires_after
+    if expiry is not None and (expiry.anchor != "created_at" or not 1 <= expiry.seconds <= 7200):
+        raise ValueError("expires_after: anchor 'created_at' and seconds within 1..7200")
+    return (expiry.seconds if expiry else None), request.session
+
+
+def _secret_reply(secret) -> JSONResponse:
+    return JSONResponse({"value": secret.value, "expires_at": int(secret.expires_at),
+                         "session": {"type": "realtime"} if secret.settings is None
+                         else msgspec.to_builtins(secret.settings)})

@@ -52,9 +52,9 @@ class SessionAudioTrack(MediaStreamTrack):
 
 class InputPump:
     """Reads the caller's track, converts to int16 mono at the session rate, hands it to ``push`` with the
-    arrival time. Ends when the track ends."""
+    arrival time and its place in the stream. Ends when the track ends."""
 
-    def __init__(self, track: MediaStreamTrack, push: Callable[[np.ndarray, float], None]) -> None:
+    def __init__(self, track: MediaStreamTrack, push: Callable[[np.ndarray, float, int | None], None]) -> None:
         self._track = track
         self._push = push
         self._resampler = Resampler(SESSION_RATE)
@@ -76,4 +76,12 @@ class InputPump:
                 log.warning("dropping an undecodable audio frame: %s", exc)
                 continue
             if pcm.size:
-                self._push(pcm, arrival)
+                self._push(pcm, arrival, _stream_position(frame))
+
+
+def _stream_position(frame: av.AudioFrame) -> int | None:
+    """Where the frame belongs in the caller's stream, in session-rate samples (from its RTP
+    timestamp): the session tells a hole in the stream from a frame that only waited."""
+    if frame.pts is None or frame.time_base is None:
+        return None
+    return round(frame.pts * frame.time_base * SESSION_RATE)

@@ -17,6 +17,7 @@ from duplex.edge.rtc_options import receive_on_arrival, rtc_configuration
 from duplex.edge.sdp import OfferError, check_offer
 from duplex.session import events as ev
 from duplex.session.manager import SessionManager
+from duplex.session.observe import Refusal
 from duplex.session.protocol import apply_settings, describe_session, handle_client_message
 from duplex.session.session import VoiceSession
 
@@ -65,10 +66,11 @@ class WebRTCGateway:
             config = apply_settings(self.sessions.config, settings) if settings else None
         except ValueError as exc:
             self.counters["bad_offers"] += 1
+            self.sessions.refused("webrtc", Refusal.BAD_REQUEST)
             raise OfferError(str(exc)) from None
-        call = Call(f"rtc_{secrets.token_hex(8)}", RTCPeerConnection(rtc_configuration(self.config.ice_servers)),
+        call = Call(f"rtc_{secrets.token_hex(16)}", RTCPeerConnection(rtc_configuration(self.config.ice_servers)),
                     self.config.max_pending_events)
-        call.session = self.sessions.open("webrtc", call.send, WEBRTC_OUTPUT, config)
+        call.session = self.sessions.open("webrtc", call.send, WEBRTC_OUTPUT, config, call_id=call.id)
         self.calls[call.id] = call
         try:
             answer = await self._negotiate(call, offer_sdp)

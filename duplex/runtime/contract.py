@@ -23,7 +23,7 @@ for a request is its eos output.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -111,7 +111,24 @@ class AgentAudio(Payload):
         return len(self.samples) / self.sample_rate if self.sample_rate > 0 else 0.0
 
 
-Item = CallerAudio | Transcript | AgentText | AgentAudio
+class ToolCallDelta(Payload):
+    """A piece of the arguments of a function the model is calling, in order. The first delta of
+    a ``call_id`` opens the call (``name`` is known from it on)."""
+
+    call_id: str
+    name: str
+    delta: str
+
+
+class ToolCallDone(Payload):
+    """The model finished calling ``name``: ``arguments`` is the whole JSON text."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+Item = CallerAudio | Transcript | AgentText | AgentAudio | ToolCallDelta | ToolCallDone
 
 
 # -- requests -------------------------------------------------------------------------------------
@@ -125,6 +142,26 @@ class Heard(msgspec.Struct, frozen=True):
     audio_ms: int | None = None
 
 
+class ToolSpec(msgspec.Struct, frozen=True):
+    """A function the caller's client (or the pipeline) lets the model call. ``parameters`` is a
+    JSON Schema object, checked by the session before it gets here."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = {}
+    strict: bool = False
+
+
+class ToolOutput(msgspec.Struct, frozen=True):
+    """The result of a call the model made (``conversation.item.create`` of a
+    ``function_call_output``). ``speak`` False: a barge-in fenced the call, so the result joins
+    the history but is not answered."""
+
+    call_id: str
+    output: str
+    speak: bool = True
+
+
 class TurnRequest(msgspec.Struct, frozen=True, tag=True):
     """Answer the caller: the request of one user turn (or a client ``response.create``)."""
 
@@ -134,7 +171,15 @@ class TurnRequest(msgspec.Struct, frozen=True, tag=True):
     heard: Heard | None = None  # of the reply this turn interrupted
     supersedes: list[str] = []  # speculative requests of this turn the caller spoke past
     max_new_tokens: int | None = None  # cap on the reply's length, where a stage generates text
+    # A typed turn: the caller's words as text, not audio. The stage that recognises speech
+    # passes it on as the turn's final ``Transcript`` (no audio to transcribe), so it joins the
+    # same history as a spoken turn.
+    text: str | None = None
+    output_audio: bool = True  # False: a text-only reply; stages that voice the reply skip it
     options: dict[str, int | float | str | bool] = {}  # a family's own per-request knobs (benches)
+    tools: list[ToolSpec] = []  # functions the model may call in this turn (session.update ``tools``)
+    tool_choice: str = "auto"  # auto | none | required | the name of one of ``tools``
+    tool_outputs: list[ToolOutput] = []  # results of earlier calls, to join the history first
 
 
 class SessionEnd(msgspec.Struct, frozen=True, tag=True):
@@ -255,6 +300,22 @@ class StepRunner(Protocol):
 
     def held(self) -> dict[str, int]:
         """Extra resources the runner holds (e.g. ``feedback_rows``), for stats."""
+
+
+class StreamRunner(Protocol):
+    """A model's side of a ``stream`` stage: each request is one asyncio task on the stage's event
+    loop, for computations that wait on I/O (an engine over HTTP) rather than compute.
+
+    ``run`` is an async generator: it reads the request's inputs from ``inputs`` (``WorkItem``s,
+    the last with ``eos``) and yields outputs as they come; returning ends the request (eos).
+    Raising ``ValueError`` fails the request as bad input, any other exception as a stage
+    failure, with ``str(exc)`` as the message. An abort cancels the task: ``run`` must release
+    what it holds (close its stream) in ``finally``."""
+
+    def run(self, request_id: str, request: Request, inputs: AsyncIterator[WorkItem]) -> AsyncIterator[Any]: ...
+
+    def held(self) -> dict[str, int]:
+        """Resources the runner holds (e.g. ``open_streams``), for stats."""
 
 
 # -- the slot KV cache ----------------------------------------------------------------------------

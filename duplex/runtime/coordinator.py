@@ -30,6 +30,7 @@ from duplex.runtime.requests import OutputChunk, RequestFinished, RequestHandle,
 from duplex.runtime.scheduler import CLIENT
 from duplex.runtime.stage import COORDINATOR
 from duplex.runtime.stage_host import Builder, segment_prefix
+from duplex.runtime.step_stats import StepHistogram
 
 log = logging.getLogger("duplex.coordinator")
 
@@ -46,6 +47,7 @@ class StageStatsView:
     resources: dict[str, int]
     counters: dict[str, int]
     request_ids: list[str]
+    steps: StepHistogram | None = None
 
     @property
     def held(self) -> int:
@@ -207,7 +209,7 @@ class Coordinator:
         if missing:
             raise TimeoutError(f"no stats from stages {missing} within {timeout}s")
         return {name: StageStatsView(s.stage, s.pid, s.live_requests, dict(s.resources), dict(s.counters),
-                                     list(s.request_ids))
+                                     list(s.request_ids), s.steps)
                 for name, s in collected.items()}
 
     async def wait_idle(self, timeout: float = 5.0, interval: float = 0.005) -> dict[str, StageStatsView]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from duplex.runtime.contract import Request, StageError
+from duplex.runtime.step_stats import StepHistogram
 
 
 class ShmRef(msgspec.Struct, frozen=True):
@@ -96,6 +97,7 @@ class StageStats(msgspec.Struct, tag=True):
     resources: dict[str, int]
     counters: dict[str, int] = {}  # cumulative: admitted, finished, aborted, dropped_late
     request_ids: list[str] = []
+    steps: StepHistogram | None = None  # step times and audio made since the stage started
 
 
 class Ping(msgspec.Struct, tag=True):

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from duplex.runtime.contract import CLIENT, Emit, ErrorCode, StageError, WorkItem
+from duplex.runtime.step_stats import StepTimes
 from duplex.runtime.wakeup import WakePipe
 
 __all__ = ["CLIENT", "AbortCommand", "Emit", "Outbox", "Scheduler", "Wake", "WorkItem"]
@@ -96,6 +97,7 @@ class Scheduler(ABC):
         self.outbox = Outbox()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self.step_times = StepTimes()  # observed by the kind's compute (``StepTrace``), read with the stats
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run_loop, name=f"sched-{self.name}", daemon=True)

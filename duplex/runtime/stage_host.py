@@ -38,7 +38,7 @@ from duplex.config.pipeline import PipelineConfig, StageConfig
 from duplex.config.placement import stage_budget_bytes
 from duplex.runtime import messages as m
 from duplex.runtime.codec import pack
-from duplex.runtime.contract import BuildContext, Builder, ErrorCode, Request, StageError
+from duplex.runtime.contract import AgentAudio, BuildContext, Builder, ErrorCode, Request, StageError
 from duplex.runtime.ended import EndedRequests
 from duplex.runtime.progress import ProgressBuffer
 from duplex.runtime.relay import Outlet, RelayReader, RelayWriter
@@ -302,6 +302,8 @@ class StageHost:
         elif emit.error is not None:
             self._fail(hosted, emit.request_id, emit.error)
         else:
+            if isinstance(emit.data, AgentAudio):  # for the stage's real-time factor
+                hosted.scheduler.step_times.made_audio(emit.data.seconds)
             self._route(hosted, emit)
 
     def _route(self, hosted: _HostedStage, emit: Emit) -> None:
@@ -381,7 +383,8 @@ class StageHost:
             **hosted.scheduler.resources(),
         }
         return m.StageStats(query_id=query_id, stage=name, pid=os.getpid(), live_requests=len(live),
-                            resources=resources, counters=dict(hosted.counters), request_ids=sorted(live)[:50])
+                            resources=resources, counters=dict(hosted.counters), request_ids=sorted(live)[:50],
+                            steps=hosted.scheduler.step_times.snapshot())
 
     def _close(self) -> None:
         with self.lock:

@@ -14,13 +14,16 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from duplex.runtime.step_stats import StepTimes
+
 ENV = "DUPLEX_STEP_TRACE"
 
 
 class StepTrace:
-    def __init__(self, stage: str) -> None:
+    def __init__(self, stage: str, times: StepTimes | None = None) -> None:
         folder = os.environ.get(ENV)
         self._stage = stage
+        self._times = times  # always-on step histogram (the stage's stats), traced or not
         self._file = None
         if folder:
             Path(folder).mkdir(parents=True, exist_ok=True)
@@ -32,6 +35,8 @@ class StepTrace:
         return self._file is not None
 
     def record(self, rids: Iterable[str], t0: float, t1: float, **extra) -> None:
+        if self._times is not None:
+            self._times.observe(t1 - t0)
         if self._file is not None:
             self._file.write(json.dumps({"stage": self._stage, "rids": list(rids), "t0": t0, "t1": t1, **extra}) + "\n")
 

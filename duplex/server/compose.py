@@ -1,10 +1,13 @@
 """Build the runtime, the sessions and the edges; serve until Ctrl-C or SIGTERM; stop the edges
-first (no call is left half open), then the stage processes."""
+first (no call is left half open), then the stage processes. SIGTERM drains first: new calls are
+refused (503, Retry-After; ``/readyz`` says so) while live ones finish, up to a deadline; a second
+signal, or Ctrl-C, stops at once."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
 from collections.abc import Iterator
 
@@ -12,7 +15,9 @@ import uvicorn
 
 from duplex.config import PipelineConfig
 from duplex.edge.app import create_app
+from duplex.edge.auth import Access
 from duplex.edge.config import EdgeConfig
+from duplex.edge.health import add_health_routes
 from duplex.edge.rtc_options import use_loopback_candidates
 from duplex.edge.telephony import phone_edges
 from duplex.edge.webrtc import WebRTCGateway
@@ -20,6 +25,7 @@ from duplex.models.registry import BUILDERS
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.lifecycle import StopSignals
 from duplex.server.runtime_adapter import CoordinatorRuntime
+from duplex.server.watch import ServerWatch, WatchConfig
 from duplex.session.config import SessionConfig
 from duplex.session.manager import SessionManager
 
@@ -35,20 +41,28 @@ class _HttpServer(uvicorn.Server):
 
 
 async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: SessionConfig,
-                log_level: str = "warning", phone: phone_edges.PhoneConfig | None = None) -> int:
+                log_level: str = "warning", phone: phone_edges.PhoneConfig | None = None,
+                watch_config: WatchConfig | None = None) -> int:
     coordinator = Coordinator(pipeline, BUILDERS)
     print(f"duplex: starting {len(pipeline.stages)} stages of {pipeline.name} ...", flush=True)
     await coordinator.start()
     runtime = CoordinatorRuntime(coordinator)
     sessions = SessionManager(runtime, session_config, edge.max_sessions, model=pipeline.name)
+    access = Access(edge.access)
+    watch = ServerWatch(watch_config or WatchConfig(), coordinator, sessions, log_level,
+                        auth_counters=lambda: access.counters)
+    if watch.observes:
+        sessions.observer = watch
     gateway = WebRTCGateway(sessions, edge)
     phones = phone_edges.PhoneEdges(phone or phone_edges.PhoneConfig(), sessions)
     use_loopback_candidates(edge.ice_loopback)
-    app = create_app(runtime, sessions, gateway, other_edges=phones.stats_providers())
+    app = create_app(runtime, sessions, gateway, other_edges=phones.stats_providers(),
+                     access=access, limits=edge.realtime)
+    add_health_routes(app, watch)  # /metrics behind the API key (AccessMiddleware); health probes open
     server = _HttpServer(uvicorn.Config(app, host=edge.host, port=edge.port, log_level=log_level,
-                                        lifespan="off", ws="auto" if phones.needs_websockets else "none"))
+                                        lifespan="off", ws="auto", ws_max_size=_ws_max_size(edge)))
     stop = StopSignals()  # before the ready line: a signal sent right after it must stop us cleanly
-    stopper = asyncio.create_task(_exit_on_signal(stop, server))
+    stopper = asyncio.create_task(_exit_on_signal(stop, server, watch))
     try:
         await phones.start(app)
         task = asyncio.create_task(server.serve())
@@ -74,6 +88,20 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     return 0
 
 
-async def _exit_on_signal(stop: StopSignals, server: uvicorn.Server) -> None:
-    await stop.wait()
+def _ws_max_size(edge: EdgeConfig) -> int:
+    """uvicorn's own cap on a WebSocket message, well above the Realtime door's: a message over
+    the door's limit gets the door's error event and close, not a bare protocol close."""
+    return max(16 << 20, 4 * edge.realtime.max_frame_bytes)
+
+
+async def _exit_on_signal(stop: StopSignals, server: uvicorn.Server, watch: ServerWatch) -> None:
+    if await stop.wait() == signal.SIGTERM:
+        again = StopSignals()  # a second signal while draining stops at once
+        drained = asyncio.create_task(watch.drain())
+        interrupted = asyncio.create_task(again.wait())
+        await asyncio.wait({drained, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (drained, interrupted):
+            task.cancel()
+        again.close()
     server.should_exit = True
+

@@ -7,20 +7,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from duplex.config import ConfigError, load_pipeline
 from duplex.edge.config import EdgeConfig
 from duplex.edge.telephony import phone_edges
+from duplex.server.watch import WatchConfig
 from duplex.session.config import SessionConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="run the voice agent server (WebRTC edge + stage processes)")
-    parser.add_argument("--config", default="local",
-                        help="pipeline YAML, or a bundled config: local (default), toy-voice, omni-tiny, toy")
+    parser.add_argument("--config", default=None,
+                        help="pipeline YAML, or a bundled config: local (default), engine (the default with --llm), "
+                             "toy-voice, omni-tiny, toy")
+    parser.add_argument("--llm", metavar="URL", default=None,
+                        help="the thinker is this OpenAI-compatible engine (vLLM, SGLang, hosted), e.g. "
+                             "http://127.0.0.1:8001/v1; sets the thinker stage's args.base_url (config: engine)")
+    parser.add_argument("--llm-model", metavar="NAME", default=None,
+                        help="the model name the engine serves (with --llm); API key: $DUPLEX_LLM_API_KEY")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     parser.add_argument("--max-sessions", type=int, default=8)
@@ -31,7 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--aiortc-jitter-buffer", action="store_true",
                         help="keep aiortc's stock audio receive buffer (+60-80 ms; for comparison)")
     parser.add_argument("--instructions", default="", help="default instructions of every session")
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--log-level", default="warning",
+                        help="info and below also prints one JSON line per call event (duplex.calls)")
+    _add_watch_arguments(parser)
+    _add_access_arguments(parser)
     phone_edges.add_arguments(parser)
     parser.set_defaults(func=run, takes_overrides=True)
 
@@ -39,18 +51,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        pipeline = load_pipeline(args.config, overrides)
+        config, overrides = engine_overrides(args.config, args.llm, args.llm_model, overrides)
+        pipeline = load_pipeline(config, overrides)
         edge = EdgeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           ice_servers=args.ice_server, ice_loopback=args.ice_loopback,
-                          low_latency_receive=not args.aiortc_jitter_buffer)
+                          low_latency_receive=not args.aiortc_jitter_buffer, **access_settings(args))
         sessions_config = session_defaults(pipeline.session, args.instructions)
         phone = phone_edges.config_from_args(args)
-    except (ConfigError, ValueError) as exc:
+        watch = WatchConfig(metrics=not args.no_metrics, call_log=args.call_log, record_dir=args.record,
+                            record_max_mb=args.record_max_mb, record_max_age_h=args.record_max_age_h,
+                            drain_timeout_s=args.drain_timeout_s)
+    except (ConfigError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from duplex.server.compose import serve  # the models and the runtime: only when serving
 
-    return asyncio.run(serve(pipeline, edge, sessions_config, args.log_level, phone))
+    return asyncio.run(serve(pipeline, edge, sessions_config, args.log_level, phone, watch))
+
+
+def engine_overrides(config: str | None, llm: str | None, model: str | None,
+                     overrides: list[str]) -> tuple[str, list[str]]:
+    """``--llm URL --llm-model NAME`` as overrides of the thinker stage's args (the engine config
+    unless another is named)."""
+    if llm is None:
+        if model is not None:
+            raise ValueError("--llm-model needs --llm URL")
+        return config or "local", overrides
+    if not llm.startswith(("http://", "https://")):
+        raise ValueError(f"--llm {llm!r}: expected the engine's base URL, e.g. http://127.0.0.1:8001/v1")
+    if not model:
+        raise ValueError("--llm needs --llm-model NAME (the model the engine serves; GET URL/models lists them)")
+    return config or "engine", [*overrides, "--thinker.args.base_url", llm, "--thinker.args.model", model]
 
 
 def session_defaults(settings: dict, instructions: str) -> SessionConfig:
@@ -59,3 +90,40 @@ def session_defaults(settings: dict, instructions: str) -> SessionConfig:
         return SessionConfig.model_validate({**settings, **({"instructions": instructions} if instructions else {})})
     except ValidationError as exc:
         raise ValueError(f"session settings of the pipeline config: {exc}") from None
+
+
+def _add_watch_arguments(parser: argparse.ArgumentParser) -> None:
+    watch = parser.add_argument_group("watching the server (metrics, logs, recording, drain)")
+    watch.add_argument("--no-metrics", action="store_true", help="no GET /metrics and no per-call instruments")
+    watch.add_argument("--call-log", metavar="PATH", help="write the JSON call-event lines to this file")
+    watch.add_argument("--record", metavar="DIR", type=Path,
+                       help="record every call here: a stereo WAV (caller left, agent right) and its events "
+                            "as JSON Lines (off by default)")
+    watch.add_argument("--record-max-mb", type=float, default=1024.0, help="keep the recordings under this size")
+    watch.add_argument("--record-max-age-h", type=float, default=24.0, help="delete recordings older than this")
+    watch.add_argument("--drain-timeout-s", type=float, default=30.0,
+                       help="on SIGTERM, live calls get this long to finish (new ones are refused)")
+
+
+def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("access and the Realtime WebSocket (GET /v1/realtime)")
+    group.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY"),
+                       help="require Authorization: Bearer KEY on every endpoint but the demo page "
+                            "(default: $DUPLEX_API_KEY; none: open to whoever reaches the port)")
+    group.add_argument("--demo-open", action="store_true",
+                       help="with --api-key: the demo page may get itself a short-lived client secret")
+    group.add_argument("--secret-ttl-s", type=float, default=600.0, help="client secrets' default life")
+    group.add_argument("--ws-max-frame-bytes", type=int, default=1 << 20, help="largest WebSocket message")
+    group.add_argument("--ws-append-rate", type=float, default=4.0,
+                       help="audio seconds a WebSocket client may append per second (after a 60 s burst)")
+    group.add_argument("--ws-max-session-s", type=float, default=3600.0, help="longest WebSocket session")
+
+
+def access_settings(args: argparse.Namespace) -> dict:
+    """EdgeConfig's access and WebSocket limits from the command line (checked by EdgeConfig)."""
+    if args.api_key and len(args.api_key) < 16:  # said here: pydantic's message would echo the key
+        raise ValueError("--api-key (or DUPLEX_API_KEY) must be at least 16 characters")
+    return {"access": {"api_key": args.api_key or None, "demo_open": args.demo_open,
+                       "secret_ttl_s": args.secret_ttl_s},
+            "realtime": {"max_frame_bytes": args.ws_max_frame_bytes, "append_rate": args.ws_append_rate,
+                         "max_session_s": args.ws_max_session_s}}

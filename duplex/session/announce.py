@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from duplex.runtime.contract import Transcript
 from duplex.session import events as ev
+from duplex.session import item_events as iev
 from duplex.session.response import Response
 
 
@@ -64,11 +65,17 @@ class Announcer:
                                      item=ev.assistant_item(response.item_id, "", "in_progress")))
 
     def agent_text(self, response: Response, delta: str) -> None:
-        self.emit(ev.AudioTranscriptDelta(response_id=response.id, item_id=response.item_id, delta=delta))
+        if response.text_only:
+            self.emit(iev.TextDelta(response_id=response.id, item_id=response.item_id, delta=delta))
+        else:
+            self.emit(ev.AudioTranscriptDelta(response_id=response.id, item_id=response.item_id, delta=delta))
 
     def response_completed(self, response: Response) -> None:
-        self.emit(ev.AudioTranscriptDone(response_id=response.id, item_id=response.item_id,
-                                         transcript="".join(response.transcript)))
+        text = "".join(response.transcript)
+        if response.text_only:
+            self.emit(iev.TextDone(response_id=response.id, item_id=response.item_id, text=text))
+        else:
+            self.emit(ev.AudioTranscriptDone(response_id=response.id, item_id=response.item_id, transcript=text))
         self.emit(ev.ResponseDone(response=self._resource(response, "completed")))
 
     def response_failed(self, response: Response, error: str | None) -> None:
@@ -82,7 +89,14 @@ class Announcer:
     # -- its audio ------------------------------------------------------------------------------
     def audio_started(self, response: Response) -> None:
         self.emit(ev.OutputAudioStarted(response_id=response.id))
-        self.emit(ev.TurnMetrics(response_id=response.id, ttfa_ms=response.ttfa_ms))
+        b = response.breakdown
+        if b is None:
+            self.emit(ev.TurnMetrics(response_id=response.id, ttfa_ms=response.ttfa_ms))
+            return
+        self.emit(ev.TurnMetrics(response_id=response.id, ttfa_ms=b.ttfa_ms, end_of_turn_ms=b.end_of_turn_ms,
+                                 asr_tail_ms=b.asr_tail_ms, first_token_ms=b.first_token_ms,
+                                 first_phrase_ms=b.first_phrase_ms, tts_first_chunk_ms=b.tts_first_chunk_ms,
+                                 playout_ms=b.playout_ms))
 
     def audio_stopped(self, response: Response) -> None:
         self.emit(ev.OutputAudioStopped(response_id=response.id))
@@ -97,4 +111,17 @@ class Announcer:
     @staticmethod
     def _resource(response: Response, status: ev.ResponseStatus,
                   details: ev.StatusDetails | None = None) -> ev.ResponseResource:
-        return ev.response_resource(response.id, response.item_id, "".join(response.transcript), status, details)
+        usage = None if status == "in_progress" else _usage(response)
+        resource = ev.response_resource(response.id, response.item_id, "".join(response.transcript), status, details,
+                                        response.text_only, usage)
+        if status != "in_progress":
+            resource.output.extend(response.calls)  # the model's function calls (tools.py)
+        return resource
+
+
+def _usage(response: Response) -> ev.Usage:
+    """Counted in the units ``ev.Usage`` names: text deltas, words, 20 ms frames of agent audio."""
+    text, audio = len(response.transcript), round(response.audio_received_ms / 20)
+    return ev.Usage(total_tokens=response.input_words + text + audio, input_tokens=response.input_words,
+                    output_tokens=text + audio, input_token_details=ev.TokenDetails(text_tokens=response.input_words),
+                    output_token_details=ev.TokenDetails(text_tokens=text, audio_tokens=audio))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -58,6 +60,8 @@ class SessionConfig(_Strict):
     echo: EchoConfig = Field(default_factory=EchoConfig)
     preemptive_generation: PreemptConfig = Field(default_factory=PreemptConfig)
     max_turn_s: float = Field(30.0, gt=0)  # a turn longer than this is committed anyway
+    # server_vad: the session's VAD ends turns; none: the client does (input_audio_buffer.commit)
+    turn_detection: Literal["server_vad", "none"] = "server_vad"
     instructions: str = ""
     # Send the pipeline a ``{"session_end": true}`` request at hang-up so stages that keep
     # per-session state (the local thinker's history and conversation KV) free it. Only for

@@ -16,8 +16,9 @@ ResponseStatus = Literal["in_progress", "completed", "cancelled", "failed", "inc
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
-    type: Literal["input_audio", "output_audio"]
+    type: Literal["input_audio", "output_audio", "input_text", "output_text"]
     transcript: str | None = None
+    text: str | None = None  # of the text parts
 
 
 class MessageItem(msgspec.Struct, kw_only=True):
@@ -34,13 +35,42 @@ class StatusDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
     error: str | None = None  # what failed it
 
 
+class TokenDetails(msgspec.Struct, kw_only=True):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    """What a response used, in the units the pipeline streams: text tokens are the text
+    deltas (a word of toy_voice, a token of the local thinker) and the words of the user turn;
+    audio tokens are 20 ms frames of agent audio."""
+
+    total_tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    input_token_details: TokenDetails = msgspec.field(default_factory=TokenDetails)
+    output_token_details: TokenDetails = msgspec.field(default_factory=TokenDetails)
+
+
+class FunctionCallItem(msgspec.Struct, kw_only=True):
+    """The model calling one of the client's functions (``tools.py`` makes these)."""
+
+    id: str
+    type: str = "function_call"
+    status: ItemStatus
+    call_id: str
+    name: str
+    arguments: str = ""
+
+
 class ResponseResource(msgspec.Struct, kw_only=True):
     id: str
     object: str = "realtime.response"
     status: ResponseStatus
     status_details: StatusDetails | None = None
-    output: list[MessageItem]
+    output: list[MessageItem | FunctionCallItem]
     output_modalities: list[str] = msgspec.field(default_factory=lambda: ["audio"])
+    usage: Usage | None = None  # set in response.done
 
 
 class ErrorDetail(msgspec.Struct, kw_only=True):
@@ -56,18 +86,26 @@ def user_audio_item(item_id: str) -> MessageItem:
                        content=[ContentPart(type="input_audio", transcript=None)])
 
 
-def assistant_item(item_id: str, transcript: str, status: ItemStatus) -> MessageItem:
-    return MessageItem(id=item_id, role="assistant", status=status,
-                       content=[ContentPart(type="output_audio", transcript=transcript)])
+def user_text_item(item_id: str, text: str) -> MessageItem:
+    """A typed user message (``conversation.item.create`` with ``input_text``)."""
+    return MessageItem(id=item_id, role="user", status="completed", content=[ContentPart(type="input_text", text=text)])
+
+
+def assistant_item(item_id: str, transcript: str, status: ItemStatus, text_only: bool = False) -> MessageItem:
+    part = (ContentPart(type="output_text", text=transcript) if text_only
+            else ContentPart(type="output_audio", transcript=transcript))
+    return MessageItem(id=item_id, role="assistant", status=status, content=[part])
 
 
 def response_resource(response_id: str, item_id: str, transcript: str, status: ResponseStatus,
-                      details: StatusDetails | None = None) -> ResponseResource:
+                      details: StatusDetails | None = None, text_only: bool = False,
+                      usage: Usage | None = None) -> ResponseResource:
     """A response as ``response.created`` / ``response.done`` describe it: no output while in
     progress, then its one assistant item (complete only if the response completed)."""
-    output = [] if status == "in_progress" else [
-        assistant_item(item_id, transcript, "completed" if status == "completed" else "incomplete")]
-    return ResponseResource(id=response_id, status=status, status_details=details, output=output)
+    output: list[MessageItem | FunctionCallItem] = [] if status == "in_progress" else [
+        assistant_item(item_id, transcript, "completed" if status == "completed" else "incomplete", text_only)]
+    return ResponseResource(id=response_id, status=status, status_details=details, output=output,
+                            output_modalities=["text"] if text_only else ["audio"], usage=usage)
 
 
 # -- server events -----------------------------------------------------------------------------
@@ -178,11 +216,18 @@ class StateChanged(ServerEvent, kw_only=True, tag="duplex.state"):
 class TurnMetrics(ServerEvent, kw_only=True, tag="duplex.metrics"):
     """Per-turn timings measured at the server: time to first audio (end of user speech ->
     first agent frame handed to the transport) and barge-in stop (speech onset -> output
-    flushed)."""
+    flushed). With ``ttfa_ms`` come its parts, which add up to it (``turn_timing.PARTS``; a
+    part the pipeline gives no mark for is null)."""
 
     response_id: str
     ttfa_ms: float | None = None
     barge_in_ms: float | None = None
+    end_of_turn_ms: float | None = None  # end of speech -> turn committed (end-of-turn silence)
+    asr_tail_ms: float | None = None  # -> final transcript
+    first_token_ms: float | None = None  # -> first reply text
+    first_phrase_ms: float | None = None  # -> all text of the first audio chunk
+    tts_first_chunk_ms: float | None = None  # -> first audio chunk from the pipeline
+    playout_ms: float | None = None  # -> its first frame handed to the transport
 
 
 class PreemptiveStarted(ServerEvent, kw_only=True, tag="duplex.preemptive.started"):
@@ -222,18 +267,34 @@ def encode_event(event: ServerEvent) -> str:
 
 
 class TurnDetection(msgspec.Struct, kw_only=True):
-    type: str = "server_vad"
+    type: str = "server_vad"  # server_vad, or none (as ``turn_detection: null`` says too)
     threshold: float | None = None  # 0..1, mapped onto webrtcvad aggressiveness 0..3
     prefix_padding_ms: int | None = None
     silence_duration_ms: int | None = None
 
 
+class AudioFormat(msgspec.Struct, kw_only=True):
+    type: str  # audio/pcm, audio/pcmu, audio/pcma
+    rate: int | None = None  # audio/pcm: 24000
+
+
+# ``null`` switches turn detection off; absent leaves it as it is
+Detection = TurnDetection | None | msgspec.UnsetType
+
+
 class AudioInput(msgspec.Struct, kw_only=True):
-    turn_detection: TurnDetection | None = None
+    turn_detection: Detection = msgspec.UNSET
+    format: AudioFormat | None = None
+
+
+class AudioOutput(msgspec.Struct, kw_only=True):
+    format: AudioFormat | None = None
+    voice: str | None = None
 
 
 class AudioSettings(msgspec.Struct, kw_only=True):
     input: AudioInput | None = None
+    output: AudioOutput | None = None
 
 
 class PreemptiveSettings(msgspec.Struct, kw_only=True):
@@ -243,11 +304,35 @@ class PreemptiveSettings(msgspec.Struct, kw_only=True):
     pause_ms: int | None = None
 
 
+class ToolDefinition(msgspec.Struct, kw_only=True):
+    """A function the model may call (``session.update`` ``tools``); checked in ``tools.py``."""
+
+    type: str = "function"
+    name: str
+    description: str = ""
+    parameters: dict = msgspec.field(default_factory=dict)  # a JSON Schema
+    strict: bool = False
+
+
+class ToolChoiceFunction(msgspec.Struct, kw_only=True):
+    type: str = "function"
+    name: str
+
+
 class SessionSettings(msgspec.Struct, kw_only=True):
     instructions: str | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: str | ToolChoiceFunction | None = None  # auto | none | required | {type: function, name}
     preemptive_generation: PreemptiveSettings | None = None
-    turn_detection: TurnDetection | None = None  # beta shape
+    turn_detection: Detection = msgspec.UNSET  # beta shape
     audio: AudioSettings | None = None  # GA shape: audio.input.turn_detection
+    type: str | None = None  # "realtime" (GA clients send it)
+    model: str | None = None
+    output_modalities: list[str] | None = None  # ["audio"] or ["text"]
+    modalities: list[str] | None = None  # beta name of output_modalities (["text", "audio"] or ["text"])
+    voice: str | None = None  # beta place of audio.output.voice
+    input_audio_format: str | None = None  # beta: pcm16, g711_ulaw, g711_alaw
+    output_audio_format: str | None = None
 
 
 class ClientEvent(msgspec.Struct, kw_only=True, tag_field="type"):
@@ -260,6 +345,8 @@ class SessionUpdate(ClientEvent, kw_only=True, tag="session.update"):
 
 class ResponseOptions(msgspec.Struct, kw_only=True):
     instructions: str | None = None
+    output_modalities: list[str] | None = None
+    modalities: list[str] | None = None  # beta name of output_modalities
 
 
 class ResponseCreate(ClientEvent, kw_only=True, tag="response.create"):
@@ -284,8 +371,47 @@ class OutputClear(ClientEvent, kw_only=True, tag="output_audio_buffer.clear"):
     pass
 
 
-CLIENT_EVENTS = (SessionUpdate, ResponseCreate, ResponseCancel, ItemTruncate, InputClear, OutputClear)
-AnyClientEvent = SessionUpdate | ResponseCreate | ResponseCancel | ItemTruncate | InputClear | OutputClear
+class InputAppend(ClientEvent, kw_only=True, tag="input_audio_buffer.append"):
+    audio: str  # base64, in the session's input format
+
+
+class InputCommit(ClientEvent, kw_only=True, tag="input_audio_buffer.commit"):
+    pass
+
+
+class ItemContent(msgspec.Struct, kw_only=True):
+    type: str  # input_text | input_audio (a user message's parts)
+    text: str | None = None
+    audio: str | None = None  # base64, in the session's input format
+    transcript: str | None = None
+
+
+class ClientItem(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    type: str = "message"
+    object: str | None = None
+    status: str | None = None
+    role: str | None = None
+    content: list[ItemContent] = []
+    call_id: str | None = None  # function_call / function_call_output items
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
+class ItemCreate(ClientEvent, kw_only=True, tag="conversation.item.create"):
+    item: ClientItem
+    previous_item_id: str | None = None
+
+
+class ItemDelete(ClientEvent, kw_only=True, tag="conversation.item.delete"):
+    item_id: str
+
+
+CLIENT_EVENTS = (SessionUpdate, ResponseCreate, ResponseCancel, ItemTruncate, InputClear, OutputClear,
+                 InputAppend, InputCommit, ItemCreate, ItemDelete)
+AnyClientEvent = (SessionUpdate | ResponseCreate | ResponseCancel | ItemTruncate | InputClear | OutputClear
+                  | InputAppend | InputCommit | ItemCreate | ItemDelete)
 _client_decoder = msgspec.json.Decoder(AnyClientEvent)
 _type_probe = msgspec.json.Decoder(dict)
 KNOWN_CLIENT_EVENTS = frozenset(str(cls.__struct_config__.tag) for cls in CLIENT_EVENTS)

@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
+import msgspec
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from duplex.runtime.contract import SESSION_RATE
 from duplex.session import events as ev
+from duplex.session.client_items import ItemError, wants_audio
 from duplex.session.config import SessionConfig
 from duplex.session.session import VoiceSession
 from duplex.session.states import CallState
+from duplex.session.tools import parse_tools
 
 MAX_EVENT_BYTES = 64 * 1024
 
 
 def describe_session(session: VoiceSession, model: str) -> dict:
     vad = session.config.vad
-    turn_detection = {"type": "server_vad", "threshold": round(vad.aggressiveness / 3, 2),
-                      "prefix_padding_ms": vad.prefix_padding_ms, "silence_duration_ms": vad.silence_ms}
+    turn_detection: dict | None = {"type": "server_vad", "threshold": round(vad.aggressiveness / 3, 2),
+                                   "prefix_padding_ms": vad.prefix_padding_ms,
+                                   "silence_duration_ms": vad.silence_ms}
+    if session.config.turn_detection == "none":
+        turn_detection = None
     return {"id": session.session_id, "object": "realtime.session", "type": "realtime", "model": model,
-            "instructions": session.config.instructions, "output_modalities": ["audio"],
+            "instructions": session.config.instructions,
+            "output_modalities": ["audio"] if session.items.output_audio else ["text"],
             "preemptive_generation": session.config.preemptive_generation.model_dump(),
+            **session.tools.describe(),
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": SESSION_RATE},
                                 "turn_detection": turn_detection},
                       "output": {"format": {"type": "audio/pcm", "rate": session.playout.format.sample_rate}}}}
@@ -36,11 +44,15 @@ def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> Sessi
         data["preemptive_generation"].update({k: v for k, v in (("enabled", preempt.enabled),
                                                                  ("pause_ms", preempt.pause_ms)) if v is not None})
     detection = settings.turn_detection
-    if settings.audio is not None and settings.audio.input is not None and settings.audio.input.turn_detection:
+    if settings.audio is not None and settings.audio.input is not None \
+            and settings.audio.input.turn_detection is not msgspec.UNSET:
         detection = settings.audio.input.turn_detection
-    if detection is not None:
+    if detection is None or (isinstance(detection, ev.TurnDetection) and detection.type == "none"):
+        data["turn_detection"] = "none"
+    elif isinstance(detection, ev.TurnDetection):
         if detection.type != "server_vad":
-            raise ValueError(f"turn_detection.type {detection.type!r}: only server_vad is supported")
+            raise ValueError(f"turn_detection.type {detection.type!r}: server_vad or none (null) are supported")
+        data["turn_detection"] = "server_vad"
         if detection.threshold is not None:
             if not 0.0 <= detection.threshold <= 1.0:
                 raise ValueError("turn_detection.threshold must be within 0..1")
@@ -59,20 +71,41 @@ def _where(error: ErrorDetails) -> str:
     return ".".join(map(str, error["loc"])) + ": " if error["loc"] else ""
 
 
-def handle_client_message(session: VoiceSession, raw: str | bytes, model: str) -> None:
-    """One data-channel message. Bad input becomes an ``error`` event; the session goes on."""
-    if len(raw) > MAX_EVENT_BYTES:
-        session.emit_error("event_too_large", f"event of {len(raw)} bytes; the limit is {MAX_EVENT_BYTES}")
-        return
+def handle_client_message(session: VoiceSession, raw: str | bytes, model: str,
+                          max_bytes: int = MAX_EVENT_BYTES) -> ev.AnyClientEvent | None:
+    """One data-channel message. Bad input becomes an ``error`` event; the session goes on.
+    Returns the event it applied (None if it was refused)."""
+    if len(raw) > max_bytes:
+        session.emit_error("event_too_large", f"event of {len(raw)} bytes; the limit is {max_bytes}")
+        return None
     try:
         event = ev.decode_client_event(raw)
     except ev.ClientEventError as exc:
         session.emit_error(exc.code, str(exc), exc.event_id)
-        return
+        return None
+    try:
+        _apply(session, event, model)
+    except ItemError as exc:
+        session.emit_error(exc.code, str(exc), event.event_id)
+        return None
+    return event
+
+
+def _apply(session: VoiceSession, event: ev.AnyClientEvent, model: str) -> None:
     if isinstance(event, ev.SessionUpdate):
         _update(session, event, model)
     elif isinstance(event, ev.ResponseCreate):
-        session.request_response()
+        session.request_response(session.items.take(event.response))
+    elif isinstance(event, ev.InputAppend):
+        session.push_input(session.items.decode(event.audio))
+    elif isinstance(event, ev.InputCommit):
+        _commit(session)
+    elif isinstance(event, ev.ItemCreate) and event.item.type == "function_call_output":
+        _tool_output(session, event)
+    elif isinstance(event, ev.ItemCreate):
+        session.items.create(event)
+    elif isinstance(event, ev.ItemDelete):
+        session.items.delete(event.item_id)
     elif isinstance(event, (ev.ResponseCancel, ev.OutputClear)):
         if not session.cancel_response() and isinstance(event, ev.ResponseCancel):
             session.emit_error("response_cancel_not_active", "there is no response in progress", event.event_id)
@@ -80,16 +113,35 @@ def handle_client_message(session: VoiceSession, raw: str | bytes, model: str) -
         _truncate(session, event)
     elif isinstance(event, ev.InputClear):
         session.clear_input()
+        session.items.clear_buffer()
         session.emit(ev.InputCleared())
+
+
+def _commit(session: VoiceSession) -> None:
+    if session.config.turn_detection != "none":
+        raise ItemError("input_audio_buffer_commit_empty", "with server_vad the server commits the input audio "
+                                                           "buffer when speech stops; nothing is waiting")
+    session.items.commit()
+
+
+def _tool_output(session: VoiceSession, event: ev.ItemCreate) -> None:
+    try:
+        session.tools.output(event.item)
+    except ValueError as exc:
+        session.emit_error("invalid_function_call_output", str(exc), event.event_id)
 
 
 def _update(session: VoiceSession, event: ev.SessionUpdate, model: str) -> None:
     try:
+        tools, tool_choice = parse_tools(event.session, session.tools.specs)
         config = apply_settings(session.config, event.session)
     except ValueError as exc:
         session.emit_error("invalid_session_settings", str(exc), event.event_id)
         return
     session.reconfigure(config)
+    session.tools.configure(tools, tool_choice)
+    modalities = event.session.output_modalities or event.session.modalities
+    session.items.output_audio = wants_audio(modalities, session.items.output_audio)
     session.emit(ev.SessionUpdated(session=describe_session(session, model)))
 
 

@@ -6,8 +6,10 @@ is now its state (``states.ResponseState``); the properties below read it."""
 from __future__ import annotations
 
 from duplex.runtime.contract import Transcript
+from duplex.session.events import FunctionCallItem
 from duplex.session.port import Turn, TurnEnded, TurnEvent, TurnStatus
 from duplex.session.states import RESPONSE_TRANSITIONS, ResponseState, StateMachine
+from duplex.session.turn_timing import TurnBreakdown, TurnTiming
 
 _AUDIO_QUEUED = frozenset({ResponseState.SPEAKING, ResponseState.DRAINING})
 _RUNTIME_ENDED = frozenset({ResponseState.DRAINING, ResponseState.DONE, ResponseState.FAILED})
@@ -21,11 +23,17 @@ class Response:
         self.user_item_id = user_item_id
         self._machine = StateMachine(f"response {self.id}", ResponseState.LISTENING, RESPONSE_TRANSITIONS)
         self.transcript: list[str] = []
+        self.calls: list[FunctionCallItem] = []  # the model's function calls (tools.py), listed in response.done
         self.held: list[TurnEvent] = []  # outputs waiting for the turn to be committed
         self.played_ms = 0
         self.audio_received_ms = 0.0  # agent audio the runtime delivered (played or not)
         self.speech_end: float | None = None  # when the turn it answers ended (monotonic)
         self.ttfa_ms: float | None = None
+        self.typed = False  # it answers typed text: no input transcription to report
+        self.text_only = False  # reply in text only: its audio, if any comes, is dropped
+        self.input_words = 0  # of the turn it answers (usage)
+        self.timing = TurnTiming()  # when its outputs arrived: the parts of its time to first audio
+        self.breakdown: TurnBreakdown | None = None  # those parts, once its first frame went out
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -80,13 +88,16 @@ class Response:
         return not isinstance(event, Transcript)
 
     # -- timings --------------------------------------------------------------------------------
-    def commit(self, speech_end: float) -> list[TurnEvent]:
-        """The turn it answers ended at ``speech_end``; returns the outputs it held, in order."""
+    def commit(self, speech_end: float, now: float | None = None) -> list[TurnEvent]:
+        """The turn it answers ended at ``speech_end`` (and was committed ``now``); returns the
+        outputs it held, in order."""
         held, self.held = self.held, []
         self.speech_end = speech_end
+        self.timing.committed = speech_end if now is None else now
         self.move(ResponseState.COMMITTED)
         return held
 
     def on_first_audio(self, due: float) -> None:
         if self.speech_end is not None:
-            self.ttfa_ms = round(1000 * (due - self.speech_end), 1)
+            self.breakdown = self.timing.breakdown(self.speech_end, due)
+            self.ttfa_ms = self.breakdown.ttfa_ms

@@ -40,19 +40,24 @@ from duplex.runtime.contract import (
     Heard,
     SessionEnd,
     StageError,
+    ToolCallDelta,
+    ToolCallDone,
     Transcript,
     TurnRequest,
 )
 from duplex.session import events as ev
 from duplex.session.announce import Announcer
+from duplex.session.client_items import ClientItems, ClientTurn
 from duplex.session.clock import InputFrames
 from duplex.session.config import SessionConfig
 from duplex.session.echo import EchoGate
-from duplex.session.playout import OutputFormat, Playout
+from duplex.session.observe import NO_TAP, CallTap, starved
+from duplex.session.playout import OutputFormat, Playout, PulledFrame
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus, VoiceRuntime
 from duplex.session.reference import OutputReference
 from duplex.session.response import Response
 from duplex.session.states import CALL_TRANSITIONS, CallState, ResponseState, StateMachine
+from duplex.session.tools import SessionTools
 from duplex.session.turn_audio import TurnAudio
 from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 from duplex.session.vad import FrameClassifier
@@ -94,13 +99,15 @@ class VoiceSession:
         self.audio = TurnAudio(config.vad)
         self._request = TurnRequest(session_id=session_id)  # the open turn's request
         self._heard: Heard | None = None  # what was heard of the last interrupted reply, for the next turn
-        self._item_count = 0
         self._turn_count = 0
         self._response: Response | None = None
         self._tasks: set[asyncio.Task] = set()
         self.counters = SessionCounters()
         self.last_ttfa_ms: float | None = None
         self.last_barge_in_ms: float | None = None
+        self.items = ClientItems(session_id, self.tell.emit, self.classifier)
+        self.tools = SessionTools(self.tell.emit, self._new_item_id)  # function calling (tools.py)
+        self.tap: CallTap = NO_TAP  # the server's watch on this call (metrics, recording); see observe.py
 
     @property
     def state(self) -> CallState:
@@ -112,12 +119,17 @@ class VoiceSession:
         return self._response
 
     # -- caller audio in ------------------------------------------------------------------------
-    def push_input(self, samples: np.ndarray, arrival: float | None = None) -> None:
-        """Caller audio, int16 mono 16 kHz, any length; ``arrival`` on the monotonic clock."""
+    def push_input(self, samples: np.ndarray, arrival: float | None = None, position: int | None = None) -> None:
+        """Caller audio, int16 mono 16 kHz, any length; ``arrival`` on the monotonic clock;
+        ``position``: where it belongs in the stream (16 kHz samples, any origin), if known."""
         if self.state is CallState.CLOSED:
             return
         arrival = self._clock() if arrival is None else arrival
-        for frame, frame_end in self._input.push(samples, arrival, self.classifier.frame_samples):
+        self.tap.caller_audio(samples, arrival)  # recorded whoever ends the turns
+        if self.config.turn_detection == "none":  # the client ends turns (input_audio_buffer.commit)
+            self.items.buffer(samples, self.config.max_turn_s)
+            return
+        for frame, frame_end in self._input.push(samples, arrival, self.classifier.frame_samples, position):
             self._on_frame(frame, frame_end)
 
     def _on_frame(self, frame: np.ndarray, frame_end: float) -> None:
@@ -141,6 +153,7 @@ class VoiceSession:
     def _on_speech_started(self, onset_ms: int) -> None:
         if self._response is not None and self._response.live:
             self._interrupt("turn_detected", self._input.clock.time_at(onset_ms))
+        self.tools.fence()  # a call still waiting for its result is not answered aloud any more
         user_item = self._new_item_id()
         self.tell.speech_started(user_item, onset_ms)
         self.counters.turns += 1
@@ -154,8 +167,9 @@ class VoiceSession:
         """A new turn's request; it carries what was heard of the reply it follows."""
         self._turn_count += 1
         heard, self._heard = self._heard, None
-        return TurnRequest(session_id=self.session_id, turn=self._turn_count,
-                           instructions=self.config.instructions, heard=heard)
+        return self.tools.attach(TurnRequest(session_id=self.session_id, turn=self._turn_count,
+                                             instructions=self.config.instructions, heard=heard,
+                                             output_audio=self.items.output_audio))
 
     def _stream_caller_audio(self, frame: np.ndarray, voiced: bool) -> None:
         response = self._response
@@ -211,8 +225,9 @@ class VoiceSession:
         self._start(self._request, old.user_item_id).turn.feed(self.audio.replay())
 
     # -- responses ------------------------------------------------------------------------------
-    def request_response(self) -> None:
-        """A response without new caller audio (client ``response.create``)."""
+    def request_response(self, client: ClientTurn | None = None) -> None:
+        """A response without new caller speech (client ``response.create``): to the items the
+        client added (``client``: typed text or a clip), or to the conversation so far."""
         if self.state is CallState.CLOSED:
             return
         if self._response is not None and self._response.live:
@@ -223,19 +238,25 @@ class VoiceSession:
             self.tell.error("conversation_already_has_active_response",
                             "the caller is speaking; the end of their turn starts a response")
             return
-        response = self._start(self._next_request(), None)
-        response.turn.feed(self.audio.empty(), eos=True)
+        client = client or ClientTurn()
+        request = msgspec.structs.replace(self._next_request(), text=client.text, output_audio=client.output_audio)
+        if client.instructions is not None:
+            request = msgspec.structs.replace(request, instructions=client.instructions)
+        response = self._start(request, client.user_item_id)
+        response.typed = client.text is not None
+        response.turn.feed(client.audio or self.audio.empty(), eos=True)
         self._commit(response, speech_end=self._clock())
 
     def _start(self, request: TurnRequest, user_item_id: str | None) -> Response:
         response = Response(self.runtime.start(request), self._new_item_id(), user_item_id)
+        response.text_only = not request.output_audio
         self._response = response
         self._spawn(self._consume(response))
         return response
 
     def _commit(self, response: Response, speech_end: float) -> list[TurnEvent]:
         """Announce the response; returns what it held until now."""
-        held = response.commit(speech_end)
+        held = response.commit(speech_end, self._clock())
         self.counters.responses += 1
         self.tell.response_created(response)
         self._move_call(CallState.RESPONDING)
@@ -257,6 +278,7 @@ class VoiceSession:
                 return
 
     def _deliver(self, response: Response, event: TurnEvent) -> None:
+        response.timing.saw(event, self._clock())  # when it arrived, held back or not
         if response.holds(event):
             response.held.append(event)
         else:
@@ -266,18 +288,21 @@ class VoiceSession:
         if isinstance(event, TurnEnded):
             self._on_turn_ended(response, event)
         elif isinstance(event, Transcript):
-            if event.text and response.user_item_id is not None:
+            if event.text and response.user_item_id is not None and not response.typed:
                 self.tell.user_transcript(response.user_item_id, event)
+            response.input_words = len(event.text.split())
         elif isinstance(event, AgentText):
             if event.text:
                 response.transcript.append(event.text)
                 self.tell.agent_text(response, event.text)
         elif isinstance(event, AgentAudio):
             self._on_agent_audio(response, event)
+        elif isinstance(event, (ToolCallDelta, ToolCallDone)):
+            self.tools.on_call(response, event)
         # other payloads (a family's own) are not the client's business
 
     def _on_agent_audio(self, response: Response, audio: AgentAudio) -> None:
-        if len(audio.samples) == 0 or audio.sample_rate <= 0:
+        if len(audio.samples) == 0 or audio.sample_rate <= 0 or response.text_only:
             return
         response.audio_received_ms += 1000 * audio.seconds
         if response.state is ResponseState.COMMITTED:  # its first audio
@@ -368,11 +393,16 @@ class VoiceSession:
     # -- agent audio out ------------------------------------------------------------------------
     def pull_output(self, due: float) -> np.ndarray:
         """The next output frame (int16 interleaved, in the output format), due at ``due``."""
+        return self.pull_frame(due).pcm
+
+    def pull_frame(self, due: float) -> PulledFrame:
+        """``pull_output``, saying which response item the frame's audio belongs to."""
         frame = self.playout.pull()
         self._reference.played(frame.pcm, frame.item_id is not None, due)
         response = self._response
+        self.tap.agent_frame(frame.pcm, due, self._clock() - due, starved(response, frame))
         if response is None or frame.item_id != response.item_id:
-            return frame.pcm
+            return frame
         if frame.first_of_item:
             response.on_first_audio(due)
             self.last_ttfa_ms = response.ttfa_ms
@@ -384,7 +414,7 @@ class VoiceSession:
             self.tell.audio_stopped(response)
             response.move(ResponseState.DONE)
             self._end_of_response(response)
-        return frame.pcm
+        return frame
 
     # -- lifetime, events -----------------------------------------------------------------------
     async def close(self) -> None:
@@ -440,5 +470,4 @@ class VoiceSession:
             log.error("session %s: task crashed", self.session_id, exc_info=task.exception())
 
     def _new_item_id(self) -> str:
-        self._item_count += 1
-        return f"item_{self.session_id[-6:]}_{self._item_count}"
+        return self.items.new_id()

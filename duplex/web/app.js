@@ -63,12 +63,33 @@ function metricsRow(responseId) {
   let row = metricsRows.get(responseId);
   if (!row) {
     row = document.createElement("tr");
-    row.innerHTML = "<td></td><td class='num'>–</td><td class='num'>–</td><td class='num'>–</td>";
+    row.innerHTML = "<td></td><td class='num'>–</td><td class='num'>–</td><td class='num'>–</td><td></td>";
     row.cells[0].textContent = responseId.replace("resp_", "");
     metricsRows.set(responseId, row);
     $("metrics").tBodies[0].prepend(row);
   }
   return row;
+}
+
+// The parts of a turn's time to first audio (duplex.metrics), in order; they add up to ttfa_ms.
+const TURN_PARTS = [["end_of_turn", "end-of-turn wait"], ["asr_tail", "ASR tail"], ["first_token", "first token"],
+  ["first_phrase", "first phrase"], ["tts_first_chunk", "TTS first chunk"], ["playout", "playout"]];
+const WATERFALL_FULL_MS = 1500;  // a bar this long fills the cell
+
+function waterfall(event) {
+  const bar = document.createElement("div");
+  bar.className = "waterfall";
+  for (const [key, label] of TURN_PARTS) {
+    const ms = event[key + "_ms"];
+    if (ms == null || ms <= 0) continue;
+    const part = document.createElement("span");
+    part.className = "part " + key;
+    part.style.width = Math.min(100, 100 * ms / WATERFALL_FULL_MS) + "%";
+    part.title = `${label}: ${Math.round(ms)} ms`;
+    part.dataset.ms = ms;
+    bar.append(part);
+  }
+  return bar;
 }
 
 function onServerEvent(event) {
@@ -100,7 +121,10 @@ function onServerEvent(event) {
       break;
     case "duplex.metrics": {
       const row = metricsRow(event.response_id);
-      if (event.ttfa_ms != null) row.cells[1].textContent = Math.round(event.ttfa_ms) + " ms";
+      if (event.ttfa_ms != null) {
+        row.cells[1].textContent = Math.round(event.ttfa_ms) + " ms";
+        row.cells[4].replaceChildren(waterfall(event));
+      }
       if (event.barge_in_ms != null) row.cells[2].textContent = Math.round(event.barge_in_ms) + " ms";
       break;
     }
@@ -184,8 +208,10 @@ async function connect() {
 
     await pc.setLocalDescription(await pc.createOffer());
     await waitForIceGathering(pc, 2000);
+    callAuth = await demoSecret();
     const response = await fetch("/v1/realtime/calls", {
-      method: "POST", body: pc.localDescription.sdp, headers: { "Content-Type": "application/sdp" },
+      method: "POST", body: pc.localDescription.sdp,
+      headers: { "Content-Type": "application/sdp", ...callAuth },
     });
     if (response.status !== 201) {
       const body = await response.json().catch(() => ({}));
@@ -202,6 +228,17 @@ async function connect() {
   }
 }
 
+// A server with an API key lets this page in only with a client secret of its own (--demo-open):
+// one short-lived secret per call, so the page never holds the key. No key: 404, no header needed.
+let callAuth = {};
+async function demoSecret() {
+  const reply = await fetch("/duplex/demo/client_secret", { method: "POST" });
+  if (reply.status === 404) return {};
+  const body = await reply.json().catch(() => ({}));
+  if (reply.status !== 200) throw new Error((body.error && body.error.message) || "HTTP " + reply.status);
+  return { Authorization: "Bearer " + body.value };
+}
+
 async function hangUp() {
   const url = callUrl;
   callUrl = null;
@@ -213,7 +250,7 @@ async function hangUp() {
   if (audioCtx) audioCtx.close();
   pc = channel = mic = audioCtx = micAnalyser = agentAnalyser = null;
   window.duplex.connected = false;
-  if (url) await fetch(url, { method: "DELETE" }).catch(() => {});
+  if (url) await fetch(url, { method: "DELETE", headers: callAuth }).catch(() => {});
   setState("disconnected");
   $("connect").disabled = false;
   $("hangup").disabled = true;
@@ -222,5 +259,5 @@ async function hangUp() {
 $("connect").addEventListener("click", connect);
 $("hangup").addEventListener("click", hangUp);
 window.addEventListener("pagehide", () => {
-  if (callUrl) fetch(callUrl, { method: "DELETE", keepalive: true }).catch(() => {});
+  if (callUrl) fetch(callUrl, { method: "DELETE", keepalive: true, headers: callAuth }).catch(() => {});
 });

@@ -2,8 +2,7 @@
 agent's audio and events with arrival times. Used by tests and scripted scenarios.
 
 The microphone can also feed back what it hears (``echo_gain``), like a phone on speaker with
-no echo cancellation: each received frame is mixed into an outgoing frame ``echo_delay_frames``
-later.
+no echo cancellation (``echo_path.EchoPath``: played on a steady clock, picked up a little later).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from aiortc.mediastreams import MediaStreamError
 from duplex.audio import resample
 from duplex.edge.rtc_options import receive_on_arrival, rtc_configuration
 from duplex.session.pacing import FramePacer
+from duplex_tools.echo_path import EchoPath
 
 RATE = 48000
 FRAME = 960  # 20 ms
@@ -36,49 +36,48 @@ class Clip:
 
     samples: np.ndarray  # float32 mono 48 kHz
     onset_sent: float | None = None
+    speech_end_sent: float | None = None  # when its last loud frame's end left
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ScriptedMic(MediaStreamTrack):
     kind = "audio"
 
-    def __init__(self, echo_gain: float = 0.0, echo_delay_frames: int = 2) -> None:
+    def __init__(self, echo_gain: float = 0.0) -> None:
         super().__init__()
         self._pacer = FramePacer(FRAME / RATE)
         self._clips: deque[tuple[Clip, int]] = deque()
         self._pts = 0
-        self.echo_gain = echo_gain
-        self._echo_delay = echo_delay_frames
-        self._echo: deque[np.ndarray] = deque(maxlen=50)
+        self.echo = EchoPath(echo_gain)
 
     def play(self, samples: np.ndarray, rate: int = RATE) -> Clip:
         clip = Clip(resample(samples, rate, RATE))
         self._clips.append((clip, 0))
         return clip
 
-    def hear(self, frame: np.ndarray) -> None:
-        """A received agent frame (float mono 48 kHz), for echo."""
-        if self.echo_gain > 0:
-            self._echo.append(frame)
+    def hear(self, frame: np.ndarray, pts: int | None, arrival: float) -> None:
+        """A received agent frame (float mono 48 kHz) at stream position ``pts``, for echo."""
+        self.echo.received(frame, pts, arrival)
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        await self._pacer.wait_next()
+        due = await self._pacer.wait_next()
         out = np.zeros(FRAME, np.float32)
         if self._clips:
             clip, pos = self._clips.popleft()
             part = clip.samples[pos:pos + FRAME]
             out[:len(part)] += part
-            if clip.onset_sent is None and np.sqrt(np.mean(part**2)) > ONSET_RMS:
-                clip.onset_sent = time.monotonic()
+            if np.sqrt(np.mean(part**2)) > ONSET_RMS:
+                clip.speech_end_sent = time.monotonic() + len(part) / RATE
+                if clip.onset_sent is None:
+                    clip.onset_sent = time.monotonic()
             if pos + FRAME < len(clip.samples):
                 self._clips.appendleft((clip, pos + FRAME))
             else:
                 clip.ended.set()
-        if len(self._echo) > self._echo_delay:
-            echo = self._echo.popleft()[:FRAME]
-            out[:len(echo)] += self.echo_gain * echo
+        if self.echo.gain > 0:
+            out += self.echo.echo(due - FRAME / RATE, FRAME)  # the frame leaving at ``due`` was captured before it
         pcm = (np.clip(out, -1, 1) * 32767).astype(np.int16)
         frame = av.AudioFrame.from_ndarray(np.repeat(pcm, 2).reshape(1, -1), format="s16", layout="stereo")
         frame.sample_rate, frame.pts, frame.time_base = RATE, self._pts, Fraction(1, RATE)
@@ -95,14 +94,17 @@ class Heard:
 
 
 class RealtimeClient:
-    def __init__(self, base_url: str, echo_gain: float = 0.0, low_latency: bool = True) -> None:
+    def __init__(self, base_url: str, echo_gain: float = 0.0, low_latency: bool = True,
+                 api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # a key or a client secret
         self.mic = ScriptedMic(echo_gain)
         self.pc = RTCPeerConnection(rtc_configuration([]))
         self.low_latency = low_latency
         self.events: list[tuple[float, dict]] = []
         self.heard: list[Heard] = []
         self.call_url: str | None = None
+        self.cookies = httpx.Cookies()  # a load balancer's affinity cookie goes back with the hang-up
         self._channel = self.pc.createDataChannel("oai-events")
         self._channel.on("message", self._on_message)
         self._event_added = asyncio.Condition()
@@ -112,13 +114,15 @@ class RealtimeClient:
     async def connect(self, session: dict | None = None, timeout: float = 20.0) -> None:
         self.pc.addTrack(self.mic)
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout) as http:
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout, cookies=self.cookies,
+                                     headers=self.headers) as http:
             if session is None:
                 reply = await http.post("/v1/realtime/calls", content=self.pc.localDescription.sdp,
                                         headers={"Content-Type": "application/sdp"})
             else:
                 reply = await http.post("/v1/realtime/calls", files={
                     "sdp": (None, self.pc.localDescription.sdp), "session": (None, json.dumps(session))})
+            self.cookies = http.cookies
         if reply.status_code != 201:
             raise RuntimeError(f"call refused: {reply.status_code} {reply.text}")
         self.call_url = reply.headers["Location"]
@@ -158,7 +162,8 @@ class RealtimeClient:
     async def hang_up(self) -> int | None:
         status = None
         if self.call_url is not None:
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=10) as http:
+            async with httpx.AsyncClient(base_url=self.base_url, timeout=10, cookies=self.cookies,
+                                         headers=self.headers) as http:
                 status = (await http.delete(self.call_url)).status_code
             self.call_url = None
         await self.close()
@@ -182,8 +187,9 @@ class RealtimeClient:
                 return
             pcm = frame.to_ndarray().reshape(-1, len(frame.layout.channels)).mean(axis=1) / 32768.0
             pcm = pcm.astype(np.float32)
-            self.heard.append(Heard(time.monotonic(), float(np.sqrt(np.mean(pcm**2))), pcm, frame.pts))
-            self.mic.hear(pcm)
+            arrival = time.monotonic()
+            self.heard.append(Heard(arrival, float(np.sqrt(np.mean(pcm**2))), pcm, frame.pts))
+            self.mic.hear(pcm, frame.pts, arrival)
 
     def _on_message(self, message: str | bytes) -> None:
         self.events.append((time.monotonic(), json.loads(message)))

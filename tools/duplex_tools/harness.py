@@ -59,6 +59,20 @@ class ServerProcess:
                 ready.set()
         ready.set()  # the process ended
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def terminate(self) -> None:
+        """SIGTERM, as a service manager or an orchestrator stops it: the server drains."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        """The exit code, once the process ended (raises subprocess.TimeoutExpired)."""
+        assert self._proc is not None
+        return self._proc.wait(timeout)
+
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT (as Ctrl-C would), then wait; kill only if it hangs. Returns the exit code."""
         if self._proc is None:

@@ -29,7 +29,7 @@ class SessionCallAgent:
         self._observer = observer
         self._barge_in_listener: Callable[[], None] | None = None
         self.digits: list[str] = []
-        self.session = sessions.open(info.transport, self._on_event, PHONE_OUTPUT)
+        self.session = sessions.open(info.transport, self._on_event, PHONE_OUTPUT, call_id=info.call_id)
 
     def caller_audio(self, pcm: np.ndarray, arrival: float) -> None:
         self.session.push_input(pcm, arrival)

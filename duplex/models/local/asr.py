@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from duplex.runtime.contract import SESSION_RATE, CallerAudio, Transcript, WorkItem
+from duplex.runtime.contract import SESSION_RATE, CallerAudio, Transcript, TurnRequest, WorkItem
 
 SAMPLE_RATE = SESSION_RATE
 _HOP = 160  # mel frames are 10 ms
@@ -80,6 +80,12 @@ class WhisperTranscriber:
         return texts
 
 
+def typed_text(item: WorkItem) -> str | None:
+    """The caller's typed words, when the request is a typed turn (``TurnRequest.text``)."""
+    request = item.params
+    return request.text if isinstance(request, TurnRequest) and request.text is not None else None
+
+
 class StreamingASR:
     """The encoder stage's computation (``simple`` scheduler): audio chunks in, transcripts out.
 
@@ -96,13 +102,19 @@ class StreamingASR:
         due: list[tuple[int, dict]] = []
         outputs: list[list[Any]] = [[] for _ in items]
         for row, (item, state) in enumerate(zip(items, states)):
+            typed = typed_text(item)
+            if typed is not None:  # a typed turn: its text is the transcript, nothing to recognise
+                state["text"] = typed
+                continue
             self._append(state, item.data)
             if self._needs_call(state, final=item.eos):
                 due.append((row, state))
         self._transcribe_due(due)
         for row, (item, state) in enumerate(zip(items, states)):
             text = state.get("text", "")
-            if item.eos:
+            if typed_text(item) is not None:
+                outputs[row] = [Transcript(text, final=True)] if item.eos else []
+            elif item.eos:
                 outputs[row].append(Transcript(text, final=True))
             elif any(r == row for r, _ in due) and text and text != state.get("sent"):
                 state["sent"] = text

@@ -19,7 +19,7 @@ from duplex.models.local import assets
 from duplex.models.local.asr import StreamingASR, StreamingPolicy, WhisperTranscriber
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT, Persona
 from duplex.models.local.tts import PhraseSplitter, PiperSynth
-from duplex.runtime.contract import AgentAudio, AgentText, BuildContext, WorkItem
+from duplex.runtime.contract import AgentAudio, AgentText, BuildContext, TurnRequest, WorkItem
 
 if TYPE_CHECKING:
     from duplex.models.local.thinker import GemmaThinker
@@ -111,6 +111,8 @@ class StreamingTTS:
         return [self._one(item, state) for item, state in zip(items, states)]
 
     def _one(self, item: WorkItem, state: dict) -> list[Any]:
+        if isinstance(item.params, TurnRequest) and not item.params.output_audio:
+            return []  # a text-only reply: the thinker's text reaches the client, nothing to voice
         splitter: PhraseSplitter = state.setdefault("splitter", self.splitter())
         phrases = splitter.push(item.data.text) if isinstance(item.data, AgentText) else []
         if item.eos:

@@ -136,6 +136,9 @@ class GemmaThinker:
         if isinstance(row.request, SessionEnd):
             row.user_text = ""  # nothing to answer (and no history to open again)
             return
+        if isinstance(row.request, TurnRequest) and (row.request.tools or row.request.tool_outputs):
+            raise ValueError("tools: the local thinker (Gemma 3 270M, a base model) cannot call functions; serve "
+                             "an engine thinker for session tools (duplex serve --llm URL --llm-model NAME)")
         if data is not None and not isinstance(data, Transcript):
             raise ValueError(f"expected a Transcript, got {type(data).__name__}")
         text = data.text if data is not None else None

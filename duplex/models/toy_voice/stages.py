@@ -19,12 +19,22 @@ from typing import Any
 import numpy as np
 
 from duplex.models.toy_voice.synth import SAMPLE_RATE, speak
-from duplex.runtime.contract import SESSION_RATE, AgentAudio, AgentText, BuildContext, CallerAudio, Transcript, WorkItem
+from duplex.runtime.contract import (
+    SESSION_RATE,
+    AgentAudio,
+    AgentText,
+    BuildContext,
+    CallerAudio,
+    Transcript,
+    TurnRequest,
+    WorkItem,
+)
 
 DEFAULT_REPLY = (
     "I heard {seconds} seconds of speech with about {syllables} syllables. "
     "This is the toy voice, talking long enough to be interrupted."
 )
+TYPED_REPLY = "You wrote: {text} This is the toy voice, answering what you typed."
 _ENVELOPE_MS = 10
 
 
@@ -36,6 +46,9 @@ class Ears:
         return [self._one(item, state) for item, state in zip(items, states)]
 
     def _one(self, item: WorkItem, state: dict) -> list[Any]:
+        typed = _request(item).text
+        if typed is not None:  # a typed turn: the text is the transcript
+            return [Transcript(typed, final=True)] if item.eos else []
         audio = item.data.samples if isinstance(item.data, CallerAudio) else np.zeros(0, np.float32)
         rate = SESSION_RATE
         hop = max(1, rate * _ENVELOPE_MS // 1000)
@@ -70,6 +83,10 @@ class Mind:
 
     def _one(self, item: WorkItem) -> list[Any]:
         heard = item.data.text if isinstance(item.data, Transcript) else ""
+        if _request(item).text is not None:
+            if not item.eos:
+                return []
+            return [AgentText(word) for word in TYPED_REPLY.format(text=heard.strip()).split()]
         numbers = [token for token in heard.replace("[", " ").split() if _is_number(token)]
         seconds, syllables = (numbers + ["no", "no"])[:2]
         words = self.reply.format(seconds=seconds, syllables=syllables).split()
@@ -93,12 +110,22 @@ class Voice:
                 outputs.append([])
                 continue
             index = state["words"] = state.get("words", -1) + 1
+            if not _request(item).output_audio:  # a text-only reply: the words, no voice
+                outputs.append([AgentText(word if index == 0 else " " + word)])
+                continue
             audio = speak(word, index)
             seconds = max(seconds, len(audio) / SAMPLE_RATE)
             text = word if index == 0 else " " + word
             outputs.append([AgentText(text), AgentAudio(audio, SAMPLE_RATE, text)])
         time.sleep(self.pace * seconds)  # the batch's rows are made together, like a vocoder step
         return outputs
+
+
+def _request(item: WorkItem) -> TurnRequest:
+    return item.params if isinstance(item.params, TurnRequest) else _NO_REQUEST
+
+
+_NO_REQUEST = TurnRequest(session_id="")
 
 
 def _is_number(token: str) -> bool:

@@ -9,11 +9,13 @@ from duplex.config.pipeline import StageConfig
 from duplex.runtime.scheduler import Scheduler
 from duplex.runtime.schedulers.ar import ARScheduler, FeedbackARScheduler
 from duplex.runtime.schedulers.simple import SimpleScheduler
+from duplex.runtime.schedulers.stream import StreamScheduler
 
 SCHEDULERS: dict[str, Callable[[StageConfig, Any], Scheduler]] = {
     "simple": SimpleScheduler,
     "ar": ARScheduler,
     "feedback_ar": FeedbackARScheduler,
+    "stream": StreamScheduler,
 }
 
 

@@ -43,6 +43,7 @@ from duplex.config.pipeline import (
     FeedbackARSchedulerConfig,
     SimpleSchedulerConfig,
     StageConfig,
+    StreamSchedulerConfig,
 )
 from duplex.runtime.contract import ErrorCode, StageError, StepRunner
 from duplex.runtime.ended import EndedRequests
@@ -81,7 +82,7 @@ class ARScheduler(Scheduler):
     def __init__(self, stage: StageConfig, runner: StepRunner) -> None:
         super().__init__(stage.name)
         cfg = stage.scheduler
-        if not isinstance(cfg, self.config_type) or isinstance(cfg, SimpleSchedulerConfig):
+        if not isinstance(cfg, self.config_type) or isinstance(cfg, (SimpleSchedulerConfig, StreamSchedulerConfig)):
             raise TypeError(f"stage {stage.name}: {type(self).__name__} needs a {self.config_type.__name__}")
         self._cfg = cfg
         self.runner = runner
@@ -93,7 +94,7 @@ class ARScheduler(Scheduler):
         self._outstanding: list[_Step] = []  # launched, not yet resolved (at most two)
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"step-{stage.name}") if self._cfg.lookahead else None
-        self._trace = StepTrace(stage.name)
+        self._trace = StepTrace(stage.name, self.step_times)
 
     # -- stats (any thread) -------------------------------------------------------------------
     def live_requests(self) -> set[str]:

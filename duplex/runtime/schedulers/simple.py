@@ -48,7 +48,7 @@ class SimpleScheduler(Scheduler):
         self._states: dict[str, dict] = {}
         self._aborted_in_batch: set[str] = set()
         self._lock = threading.Lock()  # guards _waiting/_states for stats readers
-        self._trace = StepTrace(stage.name)
+        self._trace = StepTrace(stage.name, self.step_times)
         self._batches_alone = False  # set once a state could not be snapshot
 
     # -- stats (any thread) -------------------------------------------------------------------

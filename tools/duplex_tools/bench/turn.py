@@ -64,6 +64,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--same-session", action="store_true", help="all turns in one conversation")
     parser.add_argument("--session", action="store_true",
                         help="measure through the session (VAD, turn end, preemptive generation off vs on)")
+    parser.add_argument("--engine", action="store_true",
+                        help="the local thinker and the engine thinker side by side in one run (turn_engine.py)")
+    parser.add_argument("--llm", metavar="URL", help="with --engine: this engine (default: start vLLM's CPU build)")
+    parser.add_argument("--llm-model", metavar="NAME", help="with --llm: the model it serves")
+    parser.add_argument("--metrics-cost", action="store_true",
+                        help="with --session: the server's metrics off vs on (instead of preemption off vs on)")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", dest="plot_path", help="write a PNG of the per-turn split here")
     parser.set_defaults(func=run, takes_overrides=True)
@@ -238,6 +244,12 @@ def plot(results: dict, path: str) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.engine:
+        from duplex_tools.bench import turn_engine
+
+        both, ok = turn_engine.run(args, overrides)
+        write_json(args.json_path, both)
+        return 0 if ok else 1
     if args.session:
         from duplex_tools.bench import turn_session
 

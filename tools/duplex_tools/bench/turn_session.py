@@ -7,6 +7,10 @@ ends, and preemptive generation runs as in service. The number is the session's 
 user speech (its VAD) -> first agent frame handed to the transport (``duplex.metrics`` ttfa_ms);
 the edge's codec and network are not in it. Preemption off and on alternate turn by turn, so
 load on the machine falls on both alike.
+
+``--metrics-cost`` alternates the server's metrics off and on instead (preemption as the pipeline
+sets it): on, each session has the server's metrics tap (``duplex.server.metrics``) and the
+metrics are rendered every 0.5 s, as a Prometheus scrape of ``/metrics`` would make them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from duplex_tools.bench.report import percentile, table
 MODES = ("off", "on")
 FRAME_MS = 20
 RATE = SESSION_RATE
+SCRAPE_S = 0.5
 
 
 @dataclass
@@ -52,13 +57,31 @@ def mode_configs(session_settings: dict) -> dict[str, SessionConfig]:
     return configs
 
 
+async def _scraping(metrics) -> None:
+    while True:
+        await metrics.render()
+        await asyncio.sleep(SCRAPE_S)
+
+
 async def _one_turn(runtime, config: SessionConfig, mode: str, name: str, text: str, audio: np.ndarray,
-                    timeout_s: float) -> SessionTurn:
+                    timeout_s: float, metrics=None) -> SessionTurn:
     from duplex.session.session import VoiceSession
 
     turn = SessionTurn(mode, text)
     events: list[ev.ServerEvent] = []
-    session = VoiceSession(name, runtime, config, events.append, OutputFormat(sample_rate=RATE, channels=1))
+    output = OutputFormat(sample_rate=RATE, channels=1)
+    tap = metrics.tap("bench", output) if metrics is not None else None
+
+    def send(event: ev.ServerEvent) -> None:
+        events.append(event)
+        if tap is not None:
+            tap.event(event, None)
+
+    session = VoiceSession(name, runtime, config, send, output)
+    scraper = None
+    if tap is not None:
+        session.tap = tap
+        scraper = asyncio.create_task(_scraping(metrics))
     pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
     step = RATE * FRAME_MS // 1000
     started = time.monotonic()
@@ -72,6 +95,8 @@ async def _one_turn(runtime, config: SessionConfig, mode: str, name: str, text: 
             if session.last_ttfa_ms is not None:
                 break
     finally:
+        if scraper is not None:
+            scraper.cancel()
         await session.close()
     turn.ttfa_ms = session.last_ttfa_ms
     turn.preemptive_starts = session.counters.preemptive_starts
@@ -89,34 +114,45 @@ async def _one_turn(runtime, config: SessionConfig, mode: str, name: str, text: 
 async def measure(args, overrides: list[str], progress: bool = True) -> dict:
     from duplex.models.registry import BUILDERS
     from duplex.runtime.coordinator import Coordinator
+    from duplex.server.metrics import ServerMetrics
     from duplex.server.runtime_adapter import CoordinatorRuntime
+    from duplex.session.manager import SessionManager
     from duplex_tools.bench.turn import _utterance_audio
 
     utterances = _utterance_audio()
     cfg = load_pipeline(args.config, overrides)
+    metrics_cost = getattr(args, "metrics_cost", False)
     configs = mode_configs(cfg.session)
+    if metrics_cost:  # both modes as the pipeline sets preemption; what differs is the metrics
+        configs = {mode: SessionConfig.model_validate(cfg.session) for mode in MODES}
     load_before = os.getloadavg()[0]
     turns: list[SessionTurn] = []
     async with Coordinator(cfg, BUILDERS) as coordinator:
         runtime = CoordinatorRuntime(coordinator)
+        metrics = ServerMetrics(coordinator, SessionManager(runtime, configs["on"], 1, cfg.name))
         if progress:
+            toggled = "metrics" if metrics_cost else "preemption"
             print(f"pipeline {cfg.name!r} up; {args.warmup} warmup + {args.turns} turns per mode "
-                  f"(preemption off/on alternating, pause {configs['on'].preemptive_generation.pause_ms} ms, "
+                  f"({toggled} off/on alternating, pause {configs['on'].preemptive_generation.pause_ms} ms, "
                   f"end of turn {configs['on'].vad.silence_ms} ms)", flush=True)
         for index in range(args.warmup + args.turns):
             text, audio, _ = utterances[index % len(utterances)]
             audio = np.concatenate([audio, np.zeros(RATE * 15, np.float32)])  # the caller then stays quiet
             for mode in MODES:
-                turn = await _one_turn(runtime, configs[mode], mode, f"sess_bench-{mode}-{index}", text, audio, 15.0)
+                watched = metrics if metrics_cost and mode == "on" else None
+                turn = await _one_turn(runtime, configs[mode], mode, f"sess_bench-{mode}-{index}", text, audio, 15.0,
+                                       watched)
                 if progress:
                     label = "warmup" if index < args.warmup else f"turn {index - args.warmup + 1}/{args.turns}"
                     shown = f"{turn.ttfa_ms:.0f} ms" if turn.ttfa_ms is not None else "no audio"
-                    print(f"  {label} preemption {mode:>3}: ttfa {shown}  speculations {turn.preemptive_starts} "
+                    what = "metrics" if metrics_cost else "preemption"
+                    print(f"  {label} {what} {mode:>3}: ttfa {shown}  speculations {turn.preemptive_starts} "
                           f"(aborted {turn.preemptive_aborts})  heard {turn.heard!r} -> {turn.reply!r}", flush=True)
                 if index >= args.warmup:
                     turns.append(turn)
                 await coordinator.wait_idle(timeout=30)
-    return {"config": cfg.name, "mode": "session", "cpus": os.cpu_count(),
+    return {"config": cfg.name, "mode": "session", "compare": "metrics" if metrics_cost else "preemption",
+            "cpus": os.cpu_count(),
             "pause_ms": configs["on"].preemptive_generation.pause_ms, "silence_ms": configs["on"].vad.silence_ms,
             "load_avg_1m": {"before": load_before, "after": os.getloadavg()[0]},
             "turns": [asdict(t) for t in turns], "summary": summarize(turns)}
@@ -137,6 +173,13 @@ def summarize(turns: list[SessionTurn]) -> dict:
 
 def render(results: dict, target_ms: float = 1200.0) -> str:
     summary = results["summary"]
+    if results.get("compare") == "metrics":
+        rows = [[f"metrics {mode}", s["p50"], s["p95"], s["mean"], f"{s['turns_with_audio']}/{s['turns']}"]
+                for mode, s in summary.items()]
+        text = table(["end of user speech -> first agent frame", "p50 ms", "p95 ms", "mean ms", "turns with audio"],
+                     rows)
+        off, on = summary["off"]["p50"], summary["on"]["p50"]
+        return text + f"\nmetrics on - off at p50: {on - off:+.0f} ms (on/off {on / off:.3f})"
     rows = [[f"preemption {mode}", s["p50"], s["p95"], s["mean"], f"{s['turns_with_audio']}/{s['turns']}",
              f"{s['speculations']} ({s['speculations_aborted']} aborted)"] for mode, s in summary.items()]
     text = table(["end of user speech -> first agent frame", "p50 ms", "p95 ms", "mean ms", "turns with audio",

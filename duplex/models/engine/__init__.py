@@ -1,0 +1,1 @@
+"""The ``engine`` family: a thinker stage that streams from an OpenAI-compatible engine."""

@@ -1,0 +1,152 @@
+"""Per-session conversation of the engine thinker, rendered as chat messages.
+
+The engine's prefix cache (vLLM's automatic prefix caching, SGLang's radix cache) hits only when
+a turn's messages start with exactly the tokens of the turn before. So every finished turn is
+stored as the text it will always render as, the system message stays the same, and a turn is
+changed after the fact only for a reason the caller can see: a barge-in cut its reply to the
+part that was heard, a speculation was superseded, or a tool call's result came in (each
+changes the prefix from that turn on, once).
+
+What the caller heard of an interrupted reply: there is no alignment of text to audio, so the
+heard share of the text is the heard share of the audio (``heard_part``), the same estimate the
+local thinker makes; a cut reply ends in "..." so the model sees it was interrupted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from duplex.runtime.contract import Heard, ToolOutput
+
+PENDING_RESULT = "(no result yet)"
+
+
+@dataclass
+class Call:
+    call_id: str
+    name: str
+    arguments: str
+    output: str | None = None
+
+
+@dataclass
+class Turn:
+    request_id: str
+    user: str | None  # None: a turn that only answered tool results
+    reply: str  # what the agent said before any call (all of it, when it called nothing)
+    calls: list[Call] = field(default_factory=list)
+    answer: str = ""  # what it said after the results of server-side calls, in the same turn
+
+    def cut(self, heard: Callable[[str], str]) -> None:
+        """Keep the heard part of what was said last (a server call's answer is said after the reply)."""
+        if self.answer:
+            self.answer = heard(self.answer)
+        else:
+            self.reply = heard(self.reply)
+
+
+@dataclass
+class Conversation:
+    turns: list[Turn] = field(default_factory=list)
+    interrupted: Turn | None = None  # aborted: joins the history when a later request says what was heard
+    cut: set[str] = field(default_factory=set)  # request ids already cut to their heard part
+
+    def find_call(self, call_id: str) -> Call | None:
+        for turn in self.turns:
+            for call in turn.calls:
+                if call.call_id == call_id:
+                    return call
+        return None
+
+    def apply_outputs(self, outputs: list[ToolOutput]) -> list[str]:
+        """Record tool results on their calls; returns the ids it did not know."""
+        unknown = []
+        for result in outputs:
+            call = self.find_call(result.call_id)
+            if call is None:
+                unknown.append(result.call_id)
+            else:
+                call.output = result.output
+        return unknown
+
+    def drop(self, request_id: str) -> None:
+        """A speculative turn the caller spoke past: it leaves the history."""
+        if self.interrupted is not None and self.interrupted.request_id == request_id:
+            self.interrupted = None
+        self.turns = [turn for turn in self.turns if turn.request_id != request_id]
+
+    def apply_heard(self, heard: Heard, chars_per_s: float) -> None:
+        if not heard.request_id or heard.request_id in self.cut:
+            return  # every request of a turn repeats the edit: apply it once
+        cut = lambda reply: heard_part(reply, heard.audio_end_ms, heard.audio_ms, chars_per_s)
+        if self.interrupted is not None and self.interrupted.request_id == heard.request_id:
+            turn, self.interrupted = self.interrupted, None
+            turn.cut(cut)
+            self.turns.append(turn)
+        else:
+            for turn in self.turns:
+                if turn.request_id == heard.request_id:
+                    turn.cut(cut)
+                    break
+            else:
+                return
+        self.cut.add(heard.request_id)
+
+    def messages(self, system: str) -> list[dict[str, Any]]:
+        """The chat messages of the history (the OpenAI wire shape is a dict per message)."""
+        out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        for turn in self.turns:
+            if turn.user is not None:
+                out.append({"role": "user", "content": turn.user})
+            if turn.calls:
+                out.append({"role": "assistant", "content": turn.reply or None, "tool_calls": [
+                    {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in turn.calls]})
+                for call in turn.calls:
+                    out.append({"role": "tool", "tool_call_id": call.call_id,
+                                "content": call.output if call.output is not None else PENDING_RESULT})
+                if turn.answer:
+                    out.append({"role": "assistant", "content": turn.answer})
+            elif turn.reply or turn.user is not None:
+                out.append({"role": "assistant", "content": turn.reply or "..."})
+        return out
+
+
+class Conversations:
+    """The conversations of the most recently active sessions (bounded: old ones are forgotten)."""
+
+    def __init__(self, max_sessions: int = 1024) -> None:
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, Conversation] = OrderedDict()
+
+    def get(self, session_id: str) -> Conversation:
+        conversation = self._sessions.pop(session_id, None) or Conversation()
+        self._sessions[session_id] = conversation
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        return conversation
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+def heard_part(reply: str, audio_end_ms: int, audio_ms: int | None, chars_per_s: float) -> str:
+    """The words of ``reply`` heard when its audio was cut at ``audio_end_ms``: the heard share of
+    the audio (``audio_ms``, all of it, when known; else the text at ``chars_per_s``) taken as the
+    heard share of the text, whole words only."""
+    if not reply:
+        return "..."
+    total_ms = audio_ms if audio_ms else 1000 * len(reply) / chars_per_s
+    share = max(0.0, min(1.0, audio_end_ms / total_ms))
+    if share >= 1.0:
+        return reply
+    budget = share * len(reply)
+    words = [m.group() for m in re.finditer(r"\S+", reply) if m.end() <= budget]
+    return " ".join(words) + "..."

@@ -1,0 +1,71 @@
+"""What a server watches of its calls, as seen from the session: a ``CallObserver`` (one per
+server: metrics, logs, recording; the server room plugs one in) opens a ``CallTap`` per call, and
+the session and its manager hand the tap every event sent to the client, the caller's audio as it
+arrived and every output frame as it went to the transport. Protocols only: this layer knows
+nothing of Prometheus, files or log formats. With no observer the tap is ``NO_TAP``, which does
+nothing (``--no-metrics``)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+import numpy as np
+
+from duplex.session import events as ev
+from duplex.session.playout import OutputFormat, PulledFrame
+from duplex.session.response import Response
+from duplex.session.states import ResponseState
+
+
+class Refusal(str, enum.Enum):
+    """Why a new call was refused."""
+
+    FULL = "full"  # every session slot in use
+    DRAINING = "draining"  # the server is stopping (SIGTERM): live calls finish, no new ones
+    BAD_REQUEST = "bad_request"  # the offer or its settings could not be used
+    # (a request without the API key never reaches a door: the edge's access check counts it,
+    # ``duplex_auth_refused_total``)
+
+
+class CallTap(Protocol):
+    def event(self, event: ev.ServerEvent, request_id: str | None) -> None:
+        """An event as it goes to the client; ``request_id``: the runtime request of the
+        session's latest response, if any."""
+
+    def caller_audio(self, samples: np.ndarray, arrival: float) -> None:
+        """Caller audio, int16 mono at the session rate, as it arrived (monotonic seconds)."""
+
+    def agent_frame(self, pcm: np.ndarray, due: float, late_s: float, starved: bool) -> None:
+        """One output frame (int16 interleaved, the call's output format) handed out for ``due``,
+        ``late_s`` after it was due; ``starved``: a reply was playing but had no audio ready."""
+
+    def close(self) -> None: ...
+
+
+class CallObserver(Protocol):
+    def open_call(self, session_id: str, door: str, call_id: str, output_format: OutputFormat) -> CallTap: ...
+    def refused(self, door: str, reason: Refusal) -> None: ...
+
+
+class _NoTap:
+    def event(self, event: ev.ServerEvent, request_id: str | None) -> None:
+        pass
+
+    def caller_audio(self, samples: np.ndarray, arrival: float) -> None:
+        pass
+
+    def agent_frame(self, pcm: np.ndarray, due: float, late_s: float, starved: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+NO_TAP: CallTap = _NoTap()
+
+
+def starved(response: Response | None, frame: PulledFrame) -> bool:
+    """A reply is playing (its audio began, the pipeline still makes more) but this frame is
+    silence: the pipeline fell behind real time (an underrun the caller hears as a gap)."""
+    return response is not None and response.state is ResponseState.SPEAKING and frame.item_id is None

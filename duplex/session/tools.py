@@ -1,0 +1,172 @@
+"""Function calling in a session: the tools a client declares, the calls the model makes, the
+results the client sends back.
+
+- ``session.update`` with ``tools`` (name, description, JSON-Schema ``parameters``, ``strict``)
+  and ``tool_choice`` (auto | none | required | a function): checked here (a schema that is not
+  JSON Schema, a choice naming no declared function: the update is refused with an error
+  event), then carried by every request (``TurnRequest.tools``).
+- A call from the model (``ToolCallDelta`` / ``ToolCallDone`` from the thinker) becomes
+  ``response.output_item.added`` (a ``function_call`` item), ``response.function_call_arguments
+  .delta`` / ``.done`` and ``response.output_item.done``; its item is listed in ``response.done``.
+  The call is then pending until the client answers it.
+- The client's ``conversation.item.create`` with a ``function_call_output`` (an unknown or
+  already answered ``call_id`` is an error event) waits for the next request, which carries it
+  to the thinker (``TurnRequest.tool_outputs``); the client's ``response.create`` then has the
+  agent speak the result.
+- A barge-in (the caller starts speaking) while a call is pending fences it: its late result
+  still joins the history (``ToolOutput.speak`` False), but no response answers it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jsonschema
+import msgspec
+
+from duplex.runtime.contract import ToolCallDelta, ToolCallDone, ToolOutput, ToolSpec, TurnRequest
+from duplex.session import events as ev
+from duplex.session import tool_events as tev
+from duplex.session.response import Response
+
+MAX_CALLS = 256  # calls remembered per session (to answer, or to refuse a duplicate answer)
+_CHOICES = ("auto", "none", "required")
+
+
+@dataclass
+class _Call:
+    call_id: str
+    name: str
+    item_id: str
+    response_id: str
+    output_index: int
+    arguments: str = ""
+    done: bool = False
+    fenced: bool = False
+    answered: bool = False
+
+    def item(self, status: ev.ItemStatus) -> ev.FunctionCallItem:
+        return ev.FunctionCallItem(id=self.item_id, status=status, call_id=self.call_id, name=self.name,
+                                   arguments=self.arguments if status == "completed" else "")
+
+
+def parse_tools(settings: ev.SessionSettings, current: list[ToolSpec]) -> tuple[list[ToolSpec] | None, str | None]:
+    """The tools and tool choice ``settings`` set (None: unchanged); raises ValueError naming what
+    is wrong."""
+    specs = None
+    if settings.tools is not None:
+        specs = [_spec(i, tool) for i, tool in enumerate(settings.tools)]
+        names = [spec.name for spec in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tools: duplicate function names in {names}")
+    choice = settings.tool_choice
+    name = choice if isinstance(choice, str) or choice is None else choice.name
+    if name is not None and name not in _CHOICES:
+        known = [spec.name for spec in (specs if specs is not None else current)]
+        if name not in known:
+            raise ValueError(f"tool_choice {name!r}: not one of auto, none, required or a declared function {known}")
+    return specs, name
+
+
+def _spec(index: int, tool: ev.ToolDefinition) -> ToolSpec:
+    where = f"tools[{index}]"
+    if tool.type != "function":
+        raise ValueError(f"{where}.type {tool.type!r}: only function tools are supported")
+    if not tool.name or len(tool.name) > 64 or not all(c.isalnum() or c in "_-" for c in tool.name):
+        raise ValueError(f"{where}.name {tool.name!r}: 1-64 letters, digits, _ or -")
+    parameters = tool.parameters or {"type": "object", "properties": {}}
+    try:
+        jsonschema.validators.validator_for(parameters).check_schema(parameters)
+    except jsonschema.SchemaError as exc:
+        path = "/".join(map(str, exc.path)) or "(root)"
+        raise ValueError(f"{where} ({tool.name}).parameters is not a valid JSON Schema at {path}: "
+                         f"{exc.message}") from None
+    if parameters.get("type") != "object":
+        raise ValueError(f"{where} ({tool.name}).parameters: the arguments must be an object schema "
+                         f"(type: object), got type {parameters.get('type')!r}")
+    return ToolSpec(name=tool.name, description=tool.description, parameters=parameters, strict=tool.strict)
+
+
+class SessionTools:
+    def __init__(self, emit: Callable[[ev.ServerEvent], None], new_item_id: Callable[[], str]) -> None:
+        self._emit = emit
+        self._new_item_id = new_item_id
+        self.specs: list[ToolSpec] = []
+        self.choice = "auto"
+        self._calls: OrderedDict[str, _Call] = OrderedDict()
+        self._outputs: list[ToolOutput] = []  # for the next request
+
+    # -- settings -------------------------------------------------------------------------------
+    def configure(self, specs: list[ToolSpec] | None, choice: str | None) -> None:
+        if specs is not None:
+            self.specs = specs
+        if choice is not None:
+            self.choice = choice
+
+    def describe(self) -> dict:
+        return {"tools": [{"type": "function", "name": s.name, "description": s.description,
+                           "parameters": s.parameters, "strict": s.strict} for s in self.specs],
+                "tool_choice": self.choice}
+
+    def attach(self, request: TurnRequest) -> TurnRequest:
+        """``request`` with the session's tools and the results waiting for it."""
+        outputs, self._outputs = self._outputs, []
+        if not self.specs and not outputs:
+            return request
+        return msgspec.structs.replace(request, tools=list(self.specs), tool_choice=self.choice,
+                                       tool_outputs=outputs)
+
+    # -- the model's calls ----------------------------------------------------------------------
+    def on_call(self, response: Response, event: ToolCallDelta | ToolCallDone) -> None:
+        call = self._calls.get(event.call_id)
+        if call is None:
+            call = self._open(response, event.call_id, event.name)
+        if isinstance(event, ToolCallDelta):
+            call.arguments += event.delta
+            if event.delta:
+                self._emit(tev.ArgumentsDelta(response_id=call.response_id, item_id=call.item_id,
+                                              output_index=call.output_index, call_id=call.call_id, delta=event.delta))
+            return
+        call.arguments, call.done = event.arguments, True
+        self._emit(tev.ArgumentsDone(response_id=call.response_id, item_id=call.item_id, output_index=call.output_index,
+                                     call_id=call.call_id, name=call.name, arguments=call.arguments))
+        item = call.item("completed")
+        self._emit(tev.CallItemDone(response_id=call.response_id, output_index=call.output_index, item=item))
+        response.calls.append(item)
+
+    def _open(self, response: Response, call_id: str, name: str) -> _Call:
+        index = 1 + sum(1 for c in self._calls.values() if c.response_id == response.id)  # 0: the message item
+        call = _Call(call_id, name, self._new_item_id(), response.id, index)
+        self._calls[call_id] = call
+        while len(self._calls) > MAX_CALLS:
+            self._calls.popitem(last=False)
+        self._emit(tev.CallItemAdded(response_id=response.id, output_index=index, item=call.item("in_progress")))
+        return call
+
+    def fence(self) -> None:
+        """The caller barged in: calls still waiting for their result will not be answered aloud."""
+        for call in self._calls.values():
+            if call.done and not call.answered:
+                call.fenced = True
+
+    # -- the client's results -------------------------------------------------------------------
+    def output(self, item: ev.ClientItem) -> None:
+        """A ``function_call_output`` item; raises ValueError (unknown or answered call)."""
+        call_id, output = item.call_id or "", item.output
+        call = self._calls.get(call_id)
+        if call is None or not call.done:
+            raise ValueError(f"function_call_output: unknown call_id {call_id!r} (no finished call of the model "
+                             f"has it)")
+        if call.answered:
+            raise ValueError(f"function_call_output: call {call_id!r} was already answered")
+        if output is None:
+            raise ValueError(f"function_call_output for {call_id!r} has no 'output'")
+        call.answered = True
+        self._outputs.append(ToolOutput(call_id=call_id, output=output, speak=not call.fenced))
+        item_id = item.id or self._new_item_id()
+        self._emit(tev.OutputItemAdded(item=tev.FunctionCallOutputItem(id=item_id, call_id=call_id, output=output),
+                                       previous_item_id=call.item_id))
+        if call.fenced:
+            self._emit(tev.OutputFenced(call_id=call_id, item_id=item_id))
