@@ -11,8 +11,8 @@ import torch
 
 from duplex.config.pipeline import StageConfig
 from duplex.models.local.conversation_cache import CachedConversation, ConversationCache
-from duplex.models.local.prompt import SessionHistory, heard_part
-from duplex.runtime.contract import Heard, SessionEnd, Transcript, WorkItem
+from duplex.models.local.prompt import SessionHistory
+from duplex.runtime.contract import Heard, SessionEnd, Transcript, WorkItem, heard_part
 from tests.local_helpers import (
     ORDER,
     build_gemma_thinker,

@@ -11,8 +11,9 @@ import pytest
 
 from duplex.audio import resample
 from duplex.models.local import assets
-from duplex.models.local.prompt import HistoryStore, Persona, build_prompt, select_recent
+from duplex.models.local.prompt import Persona, SessionHistory, build_prompt, select_recent
 from duplex.models.local.tts import PhraseSplitter
+from duplex.runtime.contract import RecentSessions
 
 
 def _stream(splitter: PhraseSplitter, deltas: list[str]) -> list[tuple[int, str]]:
@@ -73,7 +74,7 @@ def test_history_selection_keeps_the_newest_turns_within_budget():
 
 
 def test_history_store_forgets_the_least_recent_session():
-    store = HistoryStore(max_sessions=2)
+    store = RecentSessions(SessionHistory, max_sessions=2)
     store.get("a").add("u1", "a1")
     store.get("b")
     store.get("a")  # touch a: b is now the oldest

@@ -12,6 +12,8 @@ import to talk to the runtime.
 - The computation's side of a stage: ``WorkItem`` in, ``Emit`` out (``simple`` batch functions),
   and the ``StepRunner`` / ``RowOutput`` interface of ``ar`` stages. Models import these from
   here, never from the scheduler modules.
+- ``RecentSessions`` and ``heard_part`` (``runtime/per_session.py``): for stages that keep
+  per-session state (a bounded store; the words of an interrupted reply the caller heard).
 - ``Payload``: the base of every struct that crosses the relay typed. The contract items are
   payloads; a model family subclasses it for what passes between its own stages (tensors, codes,
   hidden states), and the codec decodes any subclass as itself.
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
+
+from duplex.runtime.per_session import RecentSessions, heard_part  # noqa: F401 (re-exported for models)
 
 if TYPE_CHECKING:
     from duplex.runtime.kv_cache import KVPrefix, SlotBatch, SlotKVCache  # noqa: F401 (see __getattr__)

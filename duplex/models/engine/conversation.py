@@ -14,13 +14,11 @@ local thinker makes; a cut reply ends in "..." so the model sees it was interrup
 
 from __future__ import annotations
 
-import re
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from duplex.runtime.contract import Heard, ToolOutput
+from duplex.runtime.contract import Heard, ToolOutput, heard_part
 
 PENDING_RESULT = "(no result yet)"
 
@@ -114,39 +112,3 @@ class Conversation:
             elif turn.reply or turn.user is not None:
                 out.append({"role": "assistant", "content": turn.reply or "..."})
         return out
-
-
-class Conversations:
-    """The conversations of the most recently active sessions (bounded: old ones are forgotten)."""
-
-    def __init__(self, max_sessions: int = 1024) -> None:
-        self.max_sessions = max_sessions
-        self._sessions: OrderedDict[str, Conversation] = OrderedDict()
-
-    def get(self, session_id: str) -> Conversation:
-        conversation = self._sessions.pop(session_id, None) or Conversation()
-        self._sessions[session_id] = conversation
-        while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
-        return conversation
-
-    def forget(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-
-def heard_part(reply: str, audio_end_ms: int, audio_ms: int | None, chars_per_s: float) -> str:
-    """The words of ``reply`` heard when its audio was cut at ``audio_end_ms``: the heard share of
-    the audio (``audio_ms``, all of it, when known; else the text at ``chars_per_s``) taken as the
-    heard share of the text, whole words only."""
-    if not reply:
-        return "..."
-    total_ms = audio_ms if audio_ms else 1000 * len(reply) / chars_per_s
-    share = max(0.0, min(1.0, audio_end_ms / total_ms))
-    if share >= 1.0:
-        return reply
-    budget = share * len(reply)
-    words = [m.group() for m in re.finditer(r"\S+", reply) if m.end() <= budget]
-    return " ".join(words) + "..."

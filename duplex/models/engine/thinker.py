@@ -27,10 +27,11 @@ from typing import Any
 import httpx
 
 from duplex.models.engine.client import CallPiece, EngineClient, TextPiece, new_call_id
-from duplex.models.engine.conversation import Call, Conversation, Conversations, Turn
+from duplex.models.engine.conversation import Call, Conversation, Turn
 from duplex.models.engine.server_tools import ServerTools, call_server_tool
 from duplex.runtime.contract import (
     AgentText,
+    RecentSessions,
     Request,
     SessionEnd,
     ToolCallDelta,
@@ -57,7 +58,7 @@ class EngineThinker:
                  server_tools: ServerTools | None = None) -> None:
         self.client, self.settings = client, settings
         self.server_tools = (server_tools or ServerTools()).by_name()
-        self.conversations = Conversations()
+        self.conversations: RecentSessions[Conversation] = RecentSessions(Conversation, max_sessions=1024)
         self._streams = 0
         self._http: httpx.AsyncClient | None = None  # server-side tools; made on the stage's loop
 

@@ -8,8 +8,6 @@ teach (every turn is one line).
 
 from __future__ import annotations
 
-import re
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -109,48 +107,6 @@ class SessionHistory:
             return False
         self.truncated.add(request_id)
         return True
-
-
-def heard_part(reply: str, audio_end_ms: int, audio_ms: int | None, chars_per_s: float) -> str:
-    """The words of ``reply`` a caller heard when its audio was cut at ``audio_end_ms``.
-
-    There is no alignment of text to audio, so the heard share of the text is taken to be the
-    heard share of the audio: ``audio_ms`` (all of the reply's audio) when the caller knows it,
-    else the reply's length at a nominal ``chars_per_s``. A word counts as heard when all of it
-    lies within that share. A cut reply ends in "..." (the model sees it was interrupted)."""
-    if not reply:
-        return "..."
-    total_ms = audio_ms if audio_ms else 1000 * len(reply) / chars_per_s
-    share = max(0.0, min(1.0, audio_end_ms / total_ms))
-    if share >= 1.0:
-        return reply
-    budget = share * len(reply)
-    words = [m.group() for m in re.finditer(r"\S+", reply) if m.end() <= budget]
-    return " ".join(words) + "..."
-
-
-class HistoryStore:
-    """Histories of the most recently active sessions (bounded: old sessions are forgotten)."""
-
-    def __init__(self, max_sessions: int = 256) -> None:
-        self.max_sessions = max_sessions
-        self._sessions: OrderedDict[str, SessionHistory] = OrderedDict()
-
-    def get(self, session_id: str) -> SessionHistory:
-        history = self._sessions.pop(session_id, None) or SessionHistory()
-        self._sessions[session_id] = history
-        while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
-        return history
-
-    def forget(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
-
-    def has(self, session_id: str) -> bool:
-        return session_id in self._sessions
-
-    def __len__(self) -> int:
-        return len(self._sessions)
 
 
 def select_recent(turns: Sequence[Sequence[int]], budget: int) -> list[Sequence[int]]:

@@ -13,7 +13,7 @@ until a later request of the session says what was heard.
 
 History edits ride on the request (the session sets them):
   ``TurnRequest.heard``: that turn's reply was heard up to ``audio_end_ms``; the history keeps
-      only that part (``prompt.heard_part``), an aborted turn joins the history so cut, and
+      only that part (``contract.heard_part``), an aborted turn joins the history so cut, and
       cached K/V past the cut is freed;
   ``TurnRequest.supersedes``: speculative turns whose user line this request repeats in full:
       they leave the history;
@@ -37,8 +37,18 @@ import torch
 
 from duplex.models.local.conversation_cache import CachedConversation, ConversationCache
 from duplex.models.local.gemma import GemmaModel
-from duplex.models.local.prompt import HistoryStore, Persona, heard_part, select_recent
-from duplex.runtime.contract import AgentText, KVPrefix, Request, RowOutput, SessionEnd, Transcript, TurnRequest
+from duplex.models.local.prompt import Persona, SessionHistory, select_recent
+from duplex.runtime.contract import (
+    AgentText,
+    KVPrefix,
+    RecentSessions,
+    Request,
+    RowOutput,
+    SessionEnd,
+    Transcript,
+    TurnRequest,
+    heard_part,
+)
 
 
 @dataclass
@@ -90,7 +100,7 @@ class GemmaThinker:
     def __init__(self, model: GemmaModel, persona: Persona, settings: ThinkerSettings, capacity: int) -> None:
         self.model, self.persona, self.settings = model, persona, settings
         self.capacity = capacity
-        self.histories = HistoryStore()
+        self.histories: RecentSessions[SessionHistory] = RecentSessions(SessionHistory, max_sessions=256)
         self._prefix_ids = [model.bos_id] + model.encode(persona.preamble())
         self._prefix: KVPrefix = model.compute_prefix(self._prefix_ids)
         self.conversations = ConversationCache(settings.cached_sessions)
