@@ -137,7 +137,7 @@ async def test_multipart_offer_applies_session_settings(server):
 
 async def test_bad_data_channel_events_get_error_events_and_the_session_survives(server):
     client = RealtimeClient(server.url)
-    await client.connect()
+    await client.connect(ignore_max_message_size=True)  # so it can send the over-size event
     try:
         bad = {
             "not json": "invalid_json",

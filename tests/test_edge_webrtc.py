@@ -132,8 +132,8 @@ async def test_barge_in_stops_agent_audio_within_budget(server, question, interr
         await client.hang_up()
 
 
-async def test_a_noise_burst_does_not_interrupt_but_a_long_noise_does(server, question):
-    noise = np.random.default_rng(7).normal(0, 0.3, 48000).astype(np.float32)
+async def test_a_noise_burst_does_not_interrupt_a_longer_one_pauses_and_one_as_long_as_speech_does(server, question):
+    noise = np.random.default_rng(7).normal(0, 0.3, 72000).astype(np.float32)
     client = RealtimeClient(server.url)
     await client.connect()
     try:
@@ -146,8 +146,16 @@ async def test_a_noise_burst_does_not_interrupt_but_a_long_noise_does(server, qu
         await hear(client, since=time.monotonic(), seconds=0.6)
         assert not client.of_type("conversation.item.truncated")
         assert len(client.of_type("input_audio_buffer.speech_started")) == 1
-        # Control: the same noise for 400 ms is long enough to count as a barge-in.
-        client.mic.play(noise[:19200])
+        # 300 ms of it is a speech start: the reply pauses, the sound ends first, the reply resumes
+        onset = time.monotonic()
+        client.mic.play(noise[:14400])
+        paused = await client.wait_event("duplex.response.paused", timeout=5, after=onset)
+        resumed = await client.wait_event("duplex.response.resumed", timeout=5, after=onset)
+        assert paused["response_id"] == resumed["response_id"] == response_id
+        assert resumed["audio_end_ms"] == paused["audio_end_ms"]  # on from where it stopped
+        assert not client.of_type("conversation.item.truncated")
+        # Control: the same noise for 1.5 s (past barge_in.interrupt_ms) is taken for an interruption.
+        client.mic.play(noise)
         truncated = await client.wait_event("conversation.item.truncated", timeout=5)
         item = await client.wait_event("response.output_item.added", response_id=response_id)
         assert truncated["item_id"] == item["item"]["id"]

@@ -94,6 +94,12 @@ async def test_an_aborted_reply_closes_its_stream_and_keeps_only_what_was_heard(
     messages = tiny.requests[-1]["messages"]
     assert messages[1:] == [{"role": "user", "content": "Tell me everything"},
                             {"role": "assistant", "content": "la la..."}, {"role": "user", "content": "Stop"}]
+    # with the words the caller heard known exactly (the TTS said what each chunk voiced), those
+    t.client = EngineClient(EngineSettings(base_url=tiny.url("ok"), model="tiny"))
+    await collect(t, TurnRequest(session_id="s1", turn=3), "A taro tea", "r3")  # "Sure, one taro tea."
+    exact = Heard(request_id="r3", audio_end_ms=10, audio_ms=5000, text="Sure, one")  # not 10/5000 of it
+    await collect(t, TurnRequest(session_id="s1", turn=4, heard=exact), "Again", "r4")
+    assert tiny.requests[-1]["messages"][-2] == {"role": "assistant", "content": "Sure, one..."}
 
 
 @pytest.mark.parametrize("mode, expected", [

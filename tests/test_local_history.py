@@ -12,7 +12,7 @@ import torch
 from duplex.config.pipeline import StageConfig
 from duplex.models.local.conversation_cache import CachedConversation, ConversationCache
 from duplex.models.local.prompt import SessionHistory
-from duplex.runtime.contract import Heard, SessionEnd, Transcript, WorkItem, heard_part
+from duplex.runtime.contract import Heard, SessionEnd, Transcript, WorkItem, heard_cut, heard_part
 from tests.local_helpers import (
     ORDER,
     build_gemma_thinker,
@@ -35,6 +35,14 @@ def test_the_heard_share_of_the_audio_keeps_that_share_of_the_words():
     # Total audio unknown (cut while the reply was still being made): nominal speaking rate.
     assert heard_part(REPLY, 1100, None, 15.0) == "Sure, one bubble..."  # 16.5 characters
     assert heard_part("", 500, None, 15.0) == "..."
+
+
+def test_the_words_heard_exactly_win_over_the_estimate():
+    # the session knew the text of each played chunk: those words, however long the audio was
+    assert heard_cut("Sure, one", 1200, 3000, 15.0)(REPLY) == "Sure, one..."
+    assert heard_cut(REPLY, 800, 3000, 15.0)(REPLY) == REPLY  # every word was played
+    assert heard_cut("", 0, None, 15.0)(REPLY) == "..."
+    assert heard_cut(None, 1200, 3000, 15.0)(REPLY) == heard_part(REPLY, 1200, 3000, 15.0)  # no text: estimate
 
 
 def test_history_edits_cut_supersede_and_add_interrupted_turns():

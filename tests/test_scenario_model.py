@@ -19,7 +19,7 @@ from duplex_tools.scenario.recording import Recording, StepRecord
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 REQUIRED = {"plain-turn", "multi-turn", "barge-in-early", "barge-in-mid", "barge-in-late", "repeated-barge-ins",
-            "noise-burst", "backchannel", "long-pause-mid-sentence", "silence-timeout", "echo"}
+            "noise-burst", "backchannel", "cough-during-reply", "long-pause-mid-sentence", "silence-timeout", "echo"}
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

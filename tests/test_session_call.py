@@ -84,8 +84,11 @@ async def test_a_turn_streams_its_audio_with_the_vad_verdicts_and_its_answer_pla
     assert call.session.last_ttfa_ms == round(1000 * (first_due - speech_end), 1)
 
 
+ONSET = SessionConfig.model_validate({"barge_in": {"mode": "onset"}})  # any onset interrupts at once
+
+
 async def test_barge_in_flushes_at_once_aborts_and_the_next_request_carries_what_was_heard():
-    call = Call()
+    call = Call(ONSET)
     await answering(call, "this", "is", "a", "long", "answer", "to", "your", "question", complete=False)
     first = call.runtime.last
     assert call.loud_frames() and call.session.state.value == "agent_speaking"
@@ -104,7 +107,8 @@ async def test_barge_in_flushes_at_once_aborts_and_the_next_request_carries_what
     assert truncated.audio_end_ms == detected * FRAME_MS - call.loud_frames()[0] * FRAME_MS  # what was pulled
     assert call.of_type(ev.OutputAudioCleared)
     second = call.runtime.last
-    assert second.request.heard == Heard(request_id=first.request_id, audio_end_ms=truncated.audio_end_ms)
+    assert second.request.heard == Heard(request_id=first.request_id, audio_end_ms=truncated.audio_end_ms,
+                                         text=truncated.transcript)
     stats = call.session.stats()
     assert (stats["barge_ins"], stats["cancelled"]) == (1, 1)
     # the stop is measured from the onset to the flush: within the VAD's start window
@@ -112,7 +116,7 @@ async def test_barge_in_flushes_at_once_aborts_and_the_next_request_carries_what
 
 
 async def test_barge_in_over_a_finished_reply_truncates_without_aborting():
-    call = Call()
+    call = Call(ONSET)
     seconds = await answering(call, "this", "is", "a", "long", "answer", "to", "your", "question")
     first = call.runtime.last
     await call.say(words("wait"))
@@ -120,7 +124,7 @@ async def test_barge_in_over_a_finished_reply_truncates_without_aborting():
     assert [d.response.status for d in call.of_type(ev.ResponseDone)] == ["completed"]
     truncated = call.of_type(ev.ItemTruncated)[0]
     assert call.runtime.last.request.heard == Heard(first.request_id, truncated.audio_end_ms,
-                                                    audio_ms=round(1000 * seconds))
+                                                    audio_ms=round(1000 * seconds), text=truncated.transcript)
 
 
 async def test_client_cancel_stops_the_audio_and_tells_the_client():
@@ -243,7 +247,7 @@ async def test_a_failure_while_the_caller_speaks_announces_no_response():
 
 @pytest.mark.parametrize("gate", [True, False])
 async def test_the_agents_own_voice_coming_back_does_not_barge_in(gate):
-    call = Call(SessionConfig(echo=EchoConfig(enabled=gate)), echo_gain=0.3, echo_delay_ms=137)
+    call = Call(ONSET.model_copy(update={"echo": EchoConfig(enabled=gate)}), echo_gain=0.3, echo_delay_ms=137)
     reply = ["this", "is", "the", "toy", "voice", "answering", "your", "question", "at", "some", "length", "so", "you",
              "can", "hear", "it"]
     seconds = await answering(call, *reply, play_ms=0)

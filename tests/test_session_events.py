@@ -17,7 +17,8 @@ from duplex.session.protocol import apply_settings
     ('{"type": 3}', "missing_type"),
     ('{"type": "transcription_session.update", "session": {}}', "unknown_event"),
     ('{"type": "conversation.item.truncate", "item_id": "x"}', "invalid_event"),
-    ('{"type": "session.update", "session": {"turn_detection": {"silence_duration_ms": "long"}}}', "invalid_event"),
+    ('{"type": "session.update", "session": {"turn_detection": {"silence_duration_ms": "long"}}}',
+     "invalid_session_settings"),
 ])
 def test_bad_client_events_have_codes(raw, code):
     with pytest.raises(ev.ClientEventError) as info:
@@ -31,10 +32,41 @@ def test_error_keeps_the_clients_event_id():
     assert info.value.event_id == "evt_42" and "nope" in str(info.value)
 
 
-def test_known_events_decode_with_unknown_fields_ignored():
-    event = ev.decode_client_event(json.dumps({"type": "conversation.item.truncate", "item_id": "item_1",
-                                               "content_index": 0, "audio_end_ms": 1500, "extra": True}))
-    assert isinstance(event, ev.ItemTruncate) and event.audio_end_ms == 1500
+@pytest.mark.parametrize("event, path", [
+    ({"type": "conversation.item.truncate", "item_id": "i", "audio_end_ms": 1500, "extra": True}, "extra"),
+    ({"type": "session.update", "session": {"silence_ms": 300}}, "silence_ms"),
+    ({"type": "session.update", "session": {"turn_detection": {"silence_ms": 300}}}, "silence_ms"),
+    ({"type": "session.update", "session": {"audio": {"input": {"vad": {}}}}}, "vad"),
+    ({"type": "response.create", "response": {"temperature": 0.1}}, "temperature"),
+])
+def test_unknown_keys_are_errors_that_name_them(event, path):
+    with pytest.raises(ev.ClientEventError) as info:
+        ev.decode_client_event(json.dumps(event))
+    assert info.value.code == "unknown_parameter" and f"`{path}`" in str(info.value)
+
+
+@pytest.mark.parametrize("session, path, bound", [
+    ({"turn_detection": {"prefix_padding_ms": 10**9}}, "turn_detection.prefix_padding_ms", "<= 2000"),
+    ({"turn_detection": {"silence_duration_ms": 2**63}}, "turn_detection.silence_duration_ms", "<= 10000"),
+    ({"turn_detection": {"silence_duration_ms": 10}}, "turn_detection.silence_duration_ms", ">= 60"),
+    ({"turn_detection": {"threshold": 1.5}}, "turn_detection.threshold", "<= 1.0"),
+    ({"audio": {"input": {"turn_detection": {"prefix_padding_ms": -1}}}}, "prefix_padding_ms", ">= 0"),
+    ({"preemptive_generation": {"pause_ms": 10**6}}, "preemptive_generation.pause_ms", "<= 10000"),
+    ({"instructions": "x" * 40000}, "instructions", "length <= 32768"),
+    ({"tools": [{"name": f"t{n}"} for n in range(129)]}, "tools", "length <= 128"),
+])
+def test_settings_out_of_bounds_are_refused_naming_field_and_range(session, path, bound):
+    with pytest.raises(ev.ClientEventError) as info:
+        ev.decode_client_event(json.dumps({"type": "session.update", "session": session}))
+    assert path in str(info.value) and bound in str(info.value)
+
+
+def test_settings_at_their_bounds_are_taken():
+    update = ev.decode_client_event(json.dumps({"type": "session.update", "session": {
+        "turn_detection": {"prefix_padding_ms": 2000, "silence_duration_ms": 10000},
+        "input_audio_transcription": {"model": "whisper-1"}}}))
+    config = apply_settings(SessionConfig(), update.session)
+    assert (config.vad.prefix_padding_ms, config.vad.silence_ms) == (2000, 10000)
 
 
 def test_settings_in_ga_and_beta_shapes_map_onto_the_vad():
@@ -50,16 +82,16 @@ def test_settings_in_ga_and_beta_shapes_map_onto_the_vad():
 
 @pytest.mark.parametrize("detection, message", [
     ({"type": "semantic_vad"}, "server_vad or none"),
-    ({"threshold": 1.5}, "within 0..1"),
-    ({"silence_duration_ms": 10}, "silence_ms"),
+    ({"silence_duration_ms": 100}, "pause_ms"),  # shorter than the preemptive pause: refused by the config
 ])
 def test_out_of_range_settings_are_refused(detection, message):
     update = ev.decode_client_event(json.dumps({"type": "session.update", "session": {"turn_detection": detection}}))
+    preempting = SessionConfig.model_validate({"preemptive_generation": {"enabled": True, "pause_ms": 200}})
     with pytest.raises(ValueError, match=message):
-        apply_settings(SessionConfig(), update.session)
+        apply_settings(preempting, update.session)
 
 
 def test_server_events_carry_their_realtime_type():
     encoded = json.loads(ev.encode_event(ev.ItemTruncated(item_id="item_1", audio_end_ms=640)))
     assert encoded == {"type": "conversation.item.truncated", "event_id": "", "item_id": "item_1",
-                       "content_index": 0, "audio_end_ms": 640}
+                       "content_index": 0, "audio_end_ms": 640, "transcript": None}

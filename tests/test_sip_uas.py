@@ -330,7 +330,8 @@ async def test_retransmitted_invite_is_one_call(server):
 
 
 async def test_unacknowledged_200_ends_the_call(server):
-    srv = await server(t1_ms=10)  # 64*T1 = 0.64 s
+    # the source is exempt from the reply budget: this is about the retransmission itself
+    srv = await server(t1_ms=10, ack_timeout_s=0.64, budget_exempt=["127.0.0.0/8"])
     peer, phone = SipPeer(srv.address), RtpPhone()
     await peer.invite(sdp_offer(phone.port))
     repeats = await peer.next(status=200, timeout=2)
@@ -351,22 +352,40 @@ async def test_dtmf_events_reach_the_agent_once(server):
         phone.send_frame(to, bytes([5, 0x80 if end else 0, 0, 160]), payload_type=101,
                          timestamp=9999)  # one event, one timestamp
     call = next(iter(srv.calls.active.values()))
-    await wait_until(lambda: call.agent.digits == ["5"], 5, "digit 5")
+    # the agent (session) is opened once the ACK is in: the digit may come first and waits
+    await wait_until(lambda: call.agent is not None and call.agent.digits == ["5"], 5, "digit 5")
     await _hang_up(srv, peer, phone)
 
 
 async def test_no_free_session_is_486(server):
+    """No session free at the INVITE: 486. A session taken by another door between the
+    200 OK and its ACK (a call opens its session only once ACKed): a BYE."""
     from duplex.edge.telephony.bridge import AgentUnavailable
+
+    def no_session(transport):
+        raise AgentUnavailable("all 8 sessions are in use")
 
     async def full(info):
         raise AgentUnavailable("all 8 sessions are in use")
 
     srv = await server()
-    srv.calls.agent_factory = full
+    srv.calls.reserve = no_session
     peer = SipPeer(srv.address)
     invite, final = await peer.invite(sdp_offer(4000))
     assert final.status == 486
     peer.ack(invite, final)
     await _idle(srv)
     assert srv.stats()["busy"] == 1 and srv.stats()["answer_failures"] == 0
+    peer.close()
+
+    srv.calls.reserve = None
+    srv.calls.agent_factory = full
+    peer = SipPeer(srv.address)
+    invite, final = await peer.invite(sdp_offer(4000))
+    assert final.status == 200
+    peer.ack(invite, final)
+    bye = await peer.next(method="BYE")
+    peer.reply(bye, 200)
+    await _idle(srv)
+    assert srv.stats()["busy"] == 2 and srv.stats()["agents"] == 0
     peer.close()

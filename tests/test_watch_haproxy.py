@@ -93,4 +93,5 @@ async def test_a_draining_server_finishes_its_call_while_new_calls_go_to_the_oth
             for client, _ in [(live_b, "b"), *later]:
                 assert await client.hang_up() == 204
             assert _ready(b).json() == {"ready": True, "load": 0.0, "sessions": 0, "max_sessions": 6,
-                                        "draining": False, "reasons": []}
+                                        "draining": False, "reasons": [],
+                                        "stages": {"ears": "up", "mind": "up", "voice": "up"}}

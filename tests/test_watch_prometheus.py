@@ -69,7 +69,7 @@ async def call_with_barge_ins(url: str, question: np.ndarray, interruption: np.n
     finally:
         call_url = client.call_url
         assert await client.hang_up() == 204
-    return client, call_url.rsplit("/", 1)[1]
+    return client, call_url.rsplit("/", 1)[1].rsplit("_", 1)[0]  # the call's id, without its Location token
 
 
 def _server_metrics(client: RealtimeClient) -> tuple[list[dict], list[float]]:

@@ -129,9 +129,33 @@ class RelayConfig(_Strict):
 
 
 class SupervisionConfig(_Strict):
+    """How the coordinator keeps its stages alive (``duplex.runtime.supervisor``)."""
+
     restart: bool = True
-    max_restarts: int = Field(5, ge=0)  # per stage process, over the coordinator's life
+    max_restarts: int = Field(5, ge=0)  # restarts per stage process within restart_window_s (a rate)
+    restart_window_s: float = Field(60.0, gt=0)  # ... past it, a spent budget refills: a down stage is retried
     ready_timeout_s: float = Field(120.0, gt=0)  # model loading happens before ready
+    watchdog_interval_s: float = Field(0.5, gt=0)  # how often each stage process is pinged
+    # a process that answers no ping for this long is killed (SIGKILL) and restarted; 0 = no watchdog.
+    # Generous: pings are answered by the stage's I/O thread, between and during model steps.
+    watchdog_timeout_s: float = Field(5.0, ge=0)
+    # a request with no output, progress report or input for this long fails (timeout); 0 = never
+    request_stall_s: float = Field(30.0, ge=0)
+
+
+class AdmissionConfig(_Strict):
+    """Admission by load (``duplex.server.admission``): a new call is refused (503 + Retry-After)
+    when the estimate of a new turn's wait would pass ``turn_budget_ms``, or the event loop runs
+    late by more than ``max_loop_lag_ms``. Defaults refuse nothing on an idle or moderately
+    loaded 2-core box; tighten them per deployment."""
+
+    enabled: bool = True
+    turn_budget_ms: float = Field(4000.0, gt=0)  # loop lag + per stage (queued batches + 1) x recent step time
+    max_loop_lag_ms: float = Field(500.0, gt=0)  # worst lateness of a periodic timer in lag_window_s
+    lag_window_s: float = Field(2.0, gt=0)
+    sample_interval_s: float = Field(0.5, gt=0)  # how often the stages' queues and step times are sampled
+    probe_interval_s: float = Field(0.05, gt=0)  # the event-loop lag timer's period
+    retry_after_s: int = Field(2, ge=1)  # Retry-After of an overload refusal
 
 
 class PipelineConfig(_Strict):
@@ -142,6 +166,7 @@ class PipelineConfig(_Strict):
     control: ControlConfig = Field(default_factory=ControlConfig)
     relay: RelayConfig = Field(default_factory=RelayConfig)
     supervision: SupervisionConfig = Field(default_factory=SupervisionConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     # Default settings of the sessions served on this pipeline (duplex.session.config.SessionConfig
     # fields, checked by `duplex serve`): e.g. preemptive_generation, end_of_session_request.
     session: dict[str, Any] = Field(default_factory=dict)

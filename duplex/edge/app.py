@@ -10,15 +10,20 @@ from pathlib import Path
 
 import msgspec
 from fastapi import FastAPI, Request, WebSocket
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from duplex.edge import guard, http_protocol
 from duplex.edge.auth import DEMO_SECRET_PATH, OPEN, SECRETS_PATH, Access, AccessMiddleware, AuthError, Credential
 from duplex.edge.config import AccessConfig, RealtimeLimits
-from duplex.edge.realtime_ws import REALTIME_PATH, RealtimeDoor
+from duplex.edge.guard import DoorGuard
+from duplex.edge.rate import CallRate, RateLimited
+from duplex.edge.realtime_ws import REALTIME_PATH, RealtimeDoor, refuse_rate_limited
 from duplex.edge.sdp import OfferError
 from duplex.edge.signalling import SignallingError, read_call_request
-from duplex.edge.webrtc import WebRTCGateway
+from duplex.edge.stats_view import detail_allowed, is_loopback, redact
+from duplex.edge.webrtc import WebRTCGateway, split_path_id
 from duplex.session import events as ev
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.port import VoiceRuntime
@@ -44,11 +49,18 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
     ``access``: who may use it (``auth.py``; open by default); ``limits``: of WebSocket sessions."""
     app = FastAPI(title="duplex", docs_url=None, redoc_url=None)
     access = access or Access(AccessConfig())
-    door = RealtimeDoor(sessions, limits or RealtimeLimits())
+    edge = gateway.config
+    door = RealtimeDoor(sessions, limits or edge.realtime)
     app.state.realtime = door
+    rates = {"webrtc": CallRate(edge.call_rate, "WebRTC"), "websocket": CallRate(edge.call_rate, "WebSocket")}
     app.add_middleware(AccessMiddleware, access=access)
-    edges: dict[str, Callable[[], dict]] = {"webrtc": gateway.stats, "websocket": door.stats,
-                                            "access": access.stats, **(other_edges or {})}
+    app.add_middleware(CORSMiddleware, allow_origins=edge.allowed_origins, allow_methods=["GET", "POST", "DELETE"],
+                       allow_headers=["Authorization", "Content-Type"], expose_headers=["Location"], max_age=600)
+    app.add_middleware(DoorGuard, config=edge)  # outermost: Host, Origin, body; then CORS; then the key
+    edges: dict[str, Callable[[], dict]] = {
+        "webrtc": lambda: gateway.stats() | {"rate": rates["webrtc"].stats()},
+        "websocket": lambda: door.stats() | {"rate": rates["websocket"].stats()},
+        "http": lambda: http_protocol.COUNTERS | guard.REFUSED, "access": access.stats, **(other_edges or {})}
 
     sockets: set[str] = set()  # live WebSocket sessions, as the access records name them
 
@@ -58,6 +70,11 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
     @app.websocket(REALTIME_PATH)
     async def realtime(websocket: WebSocket) -> None:
         credential = _credential(websocket)
+        try:
+            _check_rate(rates["websocket"], websocket, edge.limit_loopback)
+        except RateLimited as exc:
+            await refuse_rate_limited(websocket, exc)
+            return
         connection_id = f"ws_{secrets.token_hex(16)}"
         sockets.add(connection_id)
         access.opened(connection_id, credential, live)
@@ -102,10 +119,13 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
     @app.post(CALLS_PATH)
     async def create_call(request: Request) -> Response:
         try:
+            _check_rate(rates["webrtc"], request, edge.limit_loopback)
             call = await read_call_request(request)
             credential = _credential(request)
-            call_id, answer = await gateway.answer(call.sdp, call.settings or credential.settings)
-            access.opened(call_id, credential, live)
+            opened, answer = await gateway.answer(call.sdp, call.settings or credential.settings)
+            access.opened(opened.id, credential, live)
+        except RateLimited as exc:
+            return _error(429, str(exc), "rate_limit_error", {"Retry-After": str(exc.retry_after)})
         except SignallingError as exc:
             return _error(exc.status, str(exc))
         except SessionsFull as exc:
@@ -113,45 +133,68 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
         except OfferError as exc:
             return _error(400, str(exc))
         return Response(answer, status_code=201, media_type="application/sdp",
-                        headers={"Location": f"{CALLS_PATH}/{call_id}"})
+                        headers={"Location": f"{CALLS_PATH}/{opened.path_id}"})
 
     @app.delete(CALLS_PATH + "/{call_id}")
     @app.post(CALLS_PATH + "/{call_id}/hangup")
     async def hang_up(call_id: str, request: Request) -> Response:
-        try:
-            access.check_owner(call_id, _credential(request))
-        except AuthError as exc:
-            return _auth_error(exc)
-        if not await gateway.hang_up(call_id):
-            access.forget(call_id)
+        public_id, refusal = _own_call(call_id, request)
+        if refusal is not None:
+            return refusal
+        if not await gateway.hang_up(public_id):
+            access.forget(public_id)
             return _error(404, f"no call {call_id!r}", "not_found")
-        access.forget(call_id)
+        access.forget(public_id)
         return Response(status_code=204)
 
     @app.get(CALLS_PATH + "/{call_id}")
     async def inspect_call(call_id: str, request: Request) -> Response:
-        try:
-            access.check_owner(call_id, _credential(request))
-        except AuthError as exc:
-            return _auth_error(exc)
-        call = gateway.calls.get(call_id)
-        if call is None:
-            return _error(404, f"no call {call_id!r}", "not_found")
+        public_id, refusal = _own_call(call_id, request)
+        if refusal is not None:
+            return refusal
+        call = gateway.calls[public_id]
         session = call.session
         return JSONResponse({"id": call_id, "object": "realtime.call", "status": call.pc.connectionState,
                              "session": session.stats() | {"id": session.session_id} if session else None})
 
+    def _own_call(path_id: str, request: Request) -> tuple[str, Response | None]:
+        """(the call's public id, a refusal): the Location's token must match (even with no key
+        configured), then the credential must be the opener's (auth.py)."""
+        public_id, token = split_path_id(path_id)
+        call = gateway.calls.get(public_id)
+        if call is None:
+            access.forget(public_id)  # ended already (its peer left): no owner to keep
+            return public_id, _error(404, f"no call {path_id!r}", "not_found")
+        if not call.owns(token):
+            return public_id, _error(403, "this call id lacks its token or the token is wrong: use the Location "
+                                          "the call was opened with", "permission_error")
+        try:
+            access.check_owner(public_id, _credential(request))
+        except AuthError as exc:
+            return public_id, _auth_error(exc)
+        return public_id, None
+
     @app.get("/duplex/stats")
-    async def stats() -> JSONResponse:
+    async def stats(request: Request) -> JSONResponse:
         try:
             stages = await runtime.stats()
         except TimeoutError as exc:
             return _error(503, f"stages did not report: {exc}", "stats_unavailable")
-        return JSONResponse({"pipeline": sessions.model, "stages": stages,
-                             "edges": {name: provider() for name, provider in edges.items()},
-                             "sessions": sessions.stats()})
+        view = {"pipeline": sessions.model, "stages": stages,
+                "edges": {name: provider() for name, provider in edges.items()}, "sessions": sessions.stats()}
+        detail = detail_allowed(request.query_params.get("detail") == "1", _credential(request), access.enabled,
+                                request.client.host if request.client else None)
+        return JSONResponse(view if detail else redact(view))
 
     return app
+
+
+def _check_rate(rate: CallRate, request: Request | WebSocket, limit_loopback: bool) -> None:
+    """Raises RateLimited; the host's own clients pass unless ``limit_loopback``."""
+    source = request.client.host if request.client else "unknown"
+    if not limit_loopback and is_loopback(source):
+        return
+    rate.check(source)
 
 
 def _auth_error(exc: AuthError) -> Response:

@@ -202,7 +202,7 @@ class AccessMiddleware:
                 raise AuthError(403, "client_secret_not_allowed", "a client secret opens a call and reaches only "
                                                                   "that call; this endpoint needs the API key")
         except AuthError as exc:
-            await _deny(scope, receive, send, exc)
+            await deny(scope, receive, send, exc)
             return
         scope.setdefault("state", {})["credential"] = credential
         if protocols is not None:  # the key rode in a subprotocol: offer the client only its others
@@ -227,12 +227,15 @@ def _token(scope: Scope) -> tuple[str | None, list[str] | None]:
     return None, None
 
 
-async def _deny(scope: Scope, receive: Receive, send: Send, error: AuthError) -> None:
+async def deny(scope: Scope, receive: Receive, send: Send, error: AuthError) -> None:
+    """Refuse a request (HTTP) or a WebSocket before it is accepted, with the error as JSON."""
     headers = [(b"content-type", b"application/json")]
     if error.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="duplex"'))
     if error.retry_after is not None:
         headers.append((b"retry-after", str(error.retry_after).encode()))
+    if error.status in (408, 413):  # the rest of the body may never come: the connection goes too
+        headers.append((b"connection", b"close"))
     body = error.body()
     if scope["type"] == "http":
         await send({"type": "http.response.start", "status": error.status, "headers": headers})

@@ -3,8 +3,9 @@ format), ``GET /healthz`` (the process answers) and ``GET /readyz`` (it would ta
 a load figure a balancer can weigh). What the answers say is the server room's (``Watch``); this
 module only speaks HTTP.
 
-``/readyz`` answers 503 while draining (SIGTERM), while a stage is down, or when every session slot
-is taken, so a balancer health-checking it sends new calls elsewhere; live calls are untouched."""
+``/readyz`` answers 503 while draining (SIGTERM), while a stage is down or restarting (the reasons
+name it and say when it is tried again), or when every session slot is taken, so a balancer
+health-checking it sends new calls elsewhere; live calls are untouched."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class Readiness:
     max_sessions: int
     draining: bool
     reasons: list[str] = field(default_factory=list)  # why not ready
+    stages: dict[str, str] = field(default_factory=dict)  # stage -> up | restarting | down
 
 
 class Watch(Protocol):

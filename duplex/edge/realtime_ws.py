@@ -24,8 +24,10 @@ import time
 
 import msgspec
 from fastapi import WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
 
 from duplex.edge.config import RealtimeLimits
+from duplex.edge.rate import RateLimited
 from duplex.edge.ws_audio import WS_OUTPUT, Format, InputDecoder, OutputEncoder, formats_of
 from duplex.session import events as ev
 from duplex.session import item_events as iev
@@ -161,7 +163,8 @@ class RealtimeConnection:
 
     async def _expire(self) -> None:
         await asyncio.sleep(self.limits.max_session_s)
-        self._fail("session_expired", f"sessions last at most {self.limits.max_session_s:g} s", 1000)
+        self._fail("session_expired", f"calls last at most {self.limits.max_session_s:g} s (max_call_s); "
+                                      "this one has ended", 1000)
 
     def _fail(self, code: str, message: str, close_code: int) -> None:
         """A limit was hit: tell the client why, then close (after what is queued)."""
@@ -260,6 +263,20 @@ class RealtimeConnection:
         delta = base64.b64encode(encoded).decode("ascii")
         self._queue.put_nowait(ev.encode_event(self._stamped(
             iev.OutputAudioDelta(response_id=response.id, item_id=frame.item_id, delta=delta))))
+
+
+async def refuse_rate_limited(ws: WebSocket, limited: RateLimited) -> None:
+    """Turn a new connection away before it is accepted: HTTP 429 with Retry-After where the
+    server can send one, else an ``error`` event and a close (1013: try again later)."""
+    body = {"error": {"type": "rate_limit_error", "code": "rate_limited", "message": str(limited)}}
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        await ws.send_denial_response(JSONResponse(body, 429, {"Retry-After": str(limited.retry_after)}))
+        return
+    await ws.accept()
+    error = ev.ErrorEvent(error=ev.ErrorDetail(type="rate_limit_error", code="rate_limited", message=str(limited)),
+                          event_id="event_refused")
+    await ws.send_text(ev.encode_event(error))
+    await ws.close(1013, "rate limited")
 
 
 class AppendBudget:

@@ -4,7 +4,10 @@ audio into a session, the session's audio back; Realtime events on the ``oai-eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
 import logging
+import re
 import secrets
 from collections import deque
 
@@ -23,6 +26,20 @@ from duplex.session.session import VoiceSession
 
 log = logging.getLogger("duplex.edge")
 EVENTS_CHANNEL = "oai-events"
+_MAX_MESSAGE_SIZE = re.compile(r"^a=max-message-size:\d+", re.MULTILINE)
+FLUSH_S = 1.0  # how long a call's last error event may take to leave before the call is closed
+
+
+def call_path_id(public_id: str, token: str) -> str:
+    """The id a caller is given (in the Location): the public id (logs, metrics, recordings)
+    and the call's secret, so only whoever got the Location hangs the call up."""
+    return f"{public_id}_{token}"
+
+
+def split_path_id(path_id: str) -> tuple[str, str]:
+    """(public id, token) of a Location's id ('' when it carries none)."""
+    public, sep, token = path_id.rpartition("_")
+    return (public, token) if sep and public.startswith("rtc_") else (path_id, "")
 
 
 class Call:
@@ -30,12 +47,20 @@ class Call:
 
     def __init__(self, call_id: str, pc: RTCPeerConnection, max_pending: int) -> None:
         self.id = call_id
+        self.token = secrets.token_hex(16)  # in the Location only (see call_path_id)
         self.pc = pc
         self.session: VoiceSession | None = None
         self.channel: RTCDataChannel | None = None
         self.pending: deque[ev.ServerEvent] = deque(maxlen=max_pending)
         self.tasks: set[asyncio.Task] = set()
         self.closed = False
+
+    @property
+    def path_id(self) -> str:
+        return call_path_id(self.id, self.token)
+
+    def owns(self, token: str) -> bool:
+        return hmac.compare_digest(token.encode(), self.token.encode())
 
     def send(self, event: ev.ServerEvent) -> None:
         if self.channel is not None and self.channel.readyState == "open":
@@ -55,10 +80,10 @@ class WebRTCGateway:
         self.config = config
         self.calls: dict[str, Call] = {}
         self.counters = {"offers": 0, "answered": 0, "bad_offers": 0, "connected": 0, "hung_up": 0,
-                         "low_latency_receivers": 0}
+                         "low_latency_receivers": 0, "not_connected": 0, "ended_at_max": 0}
 
-    async def answer(self, offer_sdp: str, settings: ev.SessionSettings | None = None) -> tuple[str, str]:
-        """Accept an offer: returns (call id, answer SDP). Raises SessionsFull, OfferError."""
+    async def answer(self, offer_sdp: str, settings: ev.SessionSettings | None = None) -> tuple[Call, str]:
+        """Accept an offer: returns (the call, answer SDP). Raises SessionsFull, OfferError."""
         self.counters["offers"] += 1
         self.sessions.reserve()
         try:
@@ -80,7 +105,8 @@ class WebRTCGateway:
             raise OfferError(f"cannot answer this offer: {exc}") from None
         self.counters["answered"] += 1
         call.spawn(self._drop_if_unconnected(call), "connect-timeout")
-        return call.id, answer
+        call.spawn(self._end_at_max(call), "max-call")
+        return call, answer
 
     async def _negotiate(self, call: Call, offer_sdp: str) -> str:
         pc, session = call.pc, call.session
@@ -96,7 +122,9 @@ class WebRTCGateway:
                 self.counters["low_latency_receivers"] += 1
         pc.addTrack(SessionAudioTrack(session.pull_output, WEBRTC_OUTPUT))
         await pc.setLocalDescription(await pc.createAnswer())
-        return pc.localDescription.sdp
+        # the largest data-channel message we take (aiortc advertises 256 KiB and reassembles
+        # whatever arrives; a browser keeps to what the answer says)
+        return _MAX_MESSAGE_SIZE.sub(f"a=max-message-size:{self.config.max_event_bytes}", pc.localDescription.sdp)
 
     def _on_track(self, call: Call, track: MediaStreamTrack) -> None:
         if track.kind == "audio" and call.session is not None:
@@ -107,7 +135,8 @@ class WebRTCGateway:
             return
         session = call.session
         call.channel = channel
-        channel.on("message", lambda message: handle_client_message(session, message, self.sessions.model))
+        channel.on("message", lambda message: handle_client_message(session, message, self.sessions.model,
+                                                                        max_bytes=self.config.max_event_bytes))
 
         def opened() -> None:
             session.emit(ev.SessionCreated(session=describe_session(session, self.sessions.model)))
@@ -127,10 +156,23 @@ class WebRTCGateway:
             asyncio.get_running_loop().create_task(self.hang_up(call.id))
 
     async def _drop_if_unconnected(self, call: Call) -> None:
+        """The admission deadline: an answered offer holds a session slot only this long
+        unless its media connects (half-open calls cannot keep real ones out)."""
         await asyncio.sleep(self.config.connect_timeout_s)
         if call.pc.connectionState != "connected" and not call.closed:
-            log.info("call %s did not connect within %.0f s; dropping it", call.id, self.config.connect_timeout_s)
+            log.info("call %s did not connect within %g s; dropping it", call.id, self.config.connect_timeout_s)
+            self.counters["not_connected"] += 1
             await self.hang_up(call.id)
+
+    async def _end_at_max(self, call: Call) -> None:
+        await asyncio.sleep(self.config.max_call_s)
+        if call.closed or call.session is None:
+            return
+        self.counters["ended_at_max"] += 1
+        call.session.emit_error("session_expired", f"calls last at most {self.config.max_call_s:g} s "
+                                                   "(max_call_s); this one has ended", kind="server_error")
+        await _flushed(call.channel)
+        await self.hang_up(call.id)
 
     async def hang_up(self, call_id: str) -> bool:
         call = self.calls.pop(call_id, None)
@@ -154,3 +196,13 @@ class WebRTCGateway:
 
     def stats(self) -> dict:
         return {"live_calls": len(self.calls), "live_sessions": self.sessions.live("webrtc"), **self.counters}
+
+
+async def _flushed(channel: RTCDataChannel | None) -> None:
+    """Until what was sent on ``channel`` has gone to the transport (at most FLUSH_S)."""
+    if channel is None or channel.readyState != "open" or channel.bufferedAmount == 0:
+        return
+    drained = asyncio.Event()
+    channel.once("bufferedamountlow", drained.set)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(drained.wait(), FLUSH_S)

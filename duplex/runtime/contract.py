@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from duplex.runtime.per_session import RecentSessions, heard_part  # noqa: F401 (re-exported for models)
+from duplex.runtime.per_session import RecentSessions, heard_cut, heard_part  # noqa: F401 (re-exported for models)
 
 if TYPE_CHECKING:
     from duplex.runtime.kv_cache import KVPrefix, SlotBatch, SlotKVCache  # noqa: F401 (see __getattr__)
@@ -144,6 +144,9 @@ class Heard(msgspec.Struct, frozen=True):
     request_id: str
     audio_end_ms: int
     audio_ms: int | None = None
+    # the words it heard, from the text each played audio chunk voiced (``AgentAudio.text``);
+    # None when the stage that made the audio did not say
+    text: str | None = None
 
 
 class ToolSpec(msgspec.Struct, frozen=True):
@@ -201,6 +204,8 @@ class ErrorCode(str, enum.Enum):
     STAGE_CRASHED = "stage_crashed"  # the stage's process or scheduler died
     BAD_INPUT = "bad_input"  # the stage got an item it cannot use
     CAPACITY = "capacity"  # no KV slot / memory for the request
+    TIMEOUT = "timeout"  # no progress within supervision.request_stall_s
+    STAGE_DOWN = "stage_down"  # the stage is not running (restart budget spent or restart failed)
     ABORTED = "aborted"
     SHUTTING_DOWN = "shutting_down"  # the server stopped before the request ended
     INTERNAL = "internal"

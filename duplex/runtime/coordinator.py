@@ -1,5 +1,6 @@
 """The coordinator: request state, inputs to entry stages, outputs from terminal stages,
-abort broadcast, stats, and supervision of the stage processes. Runs on an asyncio loop."""
+abort broadcast and stats. Supervision of the stage processes (restarts, the watchdog, the
+stall deadline, a stage that is down) is ``duplex.runtime.supervisor``'s. Runs on an asyncio loop."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import secrets
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -25,34 +25,16 @@ from duplex.runtime.codec import pack
 from duplex.runtime.contract import ErrorCode, Request, StageError, TurnRequest
 from duplex.runtime.ended import EndedRequests
 from duplex.runtime.processes import CONTROL, StageProcesses
+from duplex.runtime.queries import StageQueries, StageStatsView
 from duplex.runtime.relay import Outlet, RelayReader, RelayWriter
 from duplex.runtime.requests import OutputChunk, RequestFinished, RequestHandle, RequestState, RequestStatus
 from duplex.runtime.scheduler import CLIENT
 from duplex.runtime.stage import COORDINATOR
 from duplex.runtime.stage_host import Builder, segment_prefix
-from duplex.runtime.step_stats import StepHistogram
+from duplex.runtime.supervisor import ProcessState, StartError, Supervisor
 
 log = logging.getLogger("duplex.coordinator")
-
-
-class StartError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class StageStatsView:
-    stage: str
-    pid: int
-    live_requests: int
-    resources: dict[str, int]
-    counters: dict[str, int]
-    request_ids: list[str]
-    steps: StepHistogram | None = None
-
-    @property
-    def held(self) -> int:
-        """Everything this stage still holds: live requests plus every resource count."""
-        return self.live_requests + sum(self.resources.values())
+__all__ = ["Coordinator", "StageStatsView", "StartError"]
 
 
 class Coordinator:
@@ -72,15 +54,18 @@ class Coordinator:
                                           use_shm=pipeline.control.transport == "ipc"), self._send)
         self._reader = RelayReader(self._queue_ack, zero_copy_min_bytes=None)  # copy: callers keep data
         self._acks: dict[str, list[int]] = {}
-        self._replies: dict[int, asyncio.Future] = {}
-        self._collected: dict[int, dict[str, m.StageStats]] = {}
-        self._ids = itertools.count(1)
-        self._ready: dict[int, set[str]] = {}
+        self.ids = itertools.count(1)  # query ids and ready epochs (the supervisor's too)
+        self._queries = StageQueries(self.ids, self.broadcast, self._send)
+        self.ready: dict[int, set[str]] = {}  # ready epoch -> stages that answered Hello
         self._tasks: list[asyncio.Task] = []
-        self._closing = False
+        self.closing = False
         self.started = False
         self.counters = {status.value: 0 for status in RequestStatus if status.ended}
-        self.restarts = 0
+        self.supervisor = Supervisor(self)
+
+    @property
+    def restarts(self) -> int:
+        return self.supervisor.restarts
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -90,19 +75,17 @@ class Coordinator:
         self._control = self._socket(zmq.PUB, bind=addresses[CONTROL])
         self._tasks.append(asyncio.create_task(self._receive_loop(), name="coordinator-recv"))
         try:
-            for process in self.procs.groups:
-                self.procs.spawn(process)
-            await self._await_ready(set(self.procs.groups))
+            await self.supervisor.start()
         except BaseException:
             await self.shutdown()
             raise
-        self._tasks.append(asyncio.create_task(self._watch_processes(), name="coordinator-watch"))
         self.started = True
 
     async def shutdown(self) -> None:
-        if self._closing:
+        if self.closing:
             return
-        self._closing = True
+        self.closing = True
+        await self.supervisor.stop()
         for state in list(self._requests.values()):
             error = StageError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             self._finish(state, RequestStatus.FAILED, error)
@@ -135,15 +118,18 @@ class Coordinator:
         """Open a request (a turn of no session when ``request`` is None). With ``data`` (or
         ``eos``) its first input goes to the entry stages now; otherwise stream inputs with
         ``feed``."""
-        if self._closing:
+        if self.closing:
             raise RuntimeError("coordinator is shut down")
         rid = request_id or uuid.uuid4().hex
         if rid in self._requests or rid in self._ended:
             raise ValueError(f"request id {rid!r} already used")
         handle = RequestHandle(rid)
-        self._requests[rid] = RequestState(rid, request or TurnRequest(session_id=""), handle,
-                                           set(self.cfg.terminal_stages))
-        if data is not None or eos:
+        state = self._requests[rid] = RequestState(rid, request or TurnRequest(session_id=""), handle,
+                                                   set(self.cfg.terminal_stages), touched=self.supervisor.clock)
+        down = self.supervisor.down_error()
+        if down is not None:  # fail at once, never wait on a stage that is not there
+            self._finish(state, RequestStatus.FAILED, down)
+        elif data is not None or eos:
             self.feed(rid, data, eos=eos)
         return handle
 
@@ -152,6 +138,7 @@ class Coordinator:
         state = self._requests.get(request_id)
         if state is None:
             return False
+        state.touched = self.supervisor.clock
         packed = pack(data) if data is not None else None
         for entry in self.cfg.entry_stages:
             seq = state.input_seq.get(entry, 0)
@@ -180,6 +167,35 @@ class Coordinator:
     def live_requests(self) -> int:
         return len(self._requests)
 
+    def live_states(self) -> list[RequestState]:
+        return list(self._requests.values())
+
+    def fail(self, request_id: str, error: StageError) -> bool:
+        """End a request with ``error`` (aborted in every stage); False if it had already ended."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return False
+        self._finish(state, RequestStatus.FAILED, error)
+        return True
+
+    def fail_waiting_on(self, stages: list[str], error: StageError) -> None:
+        """Fail every live request that has not yet passed all of ``stages``."""
+        for state in list(self._requests.values()):
+            if not set(stages) <= state.passed:
+                self._finish(state, RequestStatus.FAILED, error)
+
+    def tombstones(self) -> list[str]:
+        """Requests that ended other than completed (a restarted stage drops their late inputs)."""
+        return [rid for rid, status in self._ended.items() if status is not RequestStatus.COMPLETED]
+
+    def forget_stages(self, stages: list[str]) -> None:
+        """A stage process is gone: its segments, the blocks in flight to it, its peers' views."""
+        for stage in stages:
+            shm.sweep(segment_prefix(self.run_id, stage))
+            self._outlet.forget_peer(stage)
+            self._reader.forget_segments(segment_prefix(self.run_id, stage))
+        self.broadcast(m.PeerRestarted(stages=list(stages)))
+
     def _finish(self, state: RequestState, status: RequestStatus, error: StageError | None) -> None:
         rid = state.request_id
         self._requests.pop(rid, None)
@@ -191,26 +207,21 @@ class Coordinator:
         state.handle.push(RequestFinished(status, error))
 
     # -- stats and probes ---------------------------------------------------------------------
-    async def stats(self, timeout: float = 5.0) -> dict[str, StageStatsView]:
+    async def collect_stats(self, timeout: float = 5.0) -> dict[str, StageStatsView]:
+        """Stats of every stage that answers within ``timeout``; stages that are not up (down or
+        restarting) are not waited for."""
         assert self._control is not None, "stats() needs a started coordinator"
-        query_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
-        self._replies[query_id] = future
-        collected = self._collected[query_id] = {}
-        self._control.send(m.encode(m.StatsQuery(query_id=query_id)))
-        try:
-            await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            self._replies.pop(query_id, None)
-            self._collected.pop(query_id, None)
-        missing = [s.name for s in self.cfg.stages if s.name not in collected]
+        states = self.supervisor.stage_states()
+        return await self._queries.stats({s for s, state in states.items() if state is ProcessState.UP}, timeout)
+
+    async def stats(self, timeout: float = 5.0) -> dict[str, StageStatsView]:
+        """Stats of every stage; TimeoutError naming those that did not answer (down, restarting
+        or not answering within ``timeout``)."""
+        views = await self.collect_stats(timeout)
+        missing = [s.name for s in self.cfg.stages if s.name not in views]
         if missing:
             raise TimeoutError(f"no stats from stages {missing} within {timeout}s")
-        return {name: StageStatsView(s.stage, s.pid, s.live_requests, dict(s.resources), dict(s.counters),
-                                     list(s.request_ids), s.steps)
-                for name, s in collected.items()}
+        return views
 
     async def wait_idle(self, timeout: float = 5.0, interval: float = 0.005) -> dict[str, StageStatsView]:
         """Poll stats until every stage holds nothing; raise with the last stats if time runs out."""
@@ -225,15 +236,7 @@ class Coordinator:
 
     async def ping(self, stage: str, timeout: float = 5.0) -> float:
         """Round trip of a control message to a stage and back, in seconds."""
-        query_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
-        self._replies[query_id] = future
-        self._send(stage, m.Ping(query_id=query_id, sent_ns=time.monotonic_ns()))
-        try:
-            pong: m.Pong = await asyncio.wait_for(future, timeout)
-        finally:
-            self._replies.pop(query_id, None)
-        return (time.monotonic_ns() - pong.sent_ns) / 1e9
+        return await self._queries.ping(stage, timeout)
 
     # -- sockets ------------------------------------------------------------------------------
     def _socket(self, kind: int, bind: str | None = None, connect: str | None = None) -> zmq.asyncio.Socket:
@@ -244,6 +247,13 @@ class Coordinator:
         if connect:
             sock.connect(connect)
         return sock
+
+    def broadcast(self, message: m.Message) -> None:
+        if self._control is not None and not self._ctx.closed:
+            self._control.send(m.encode(message))
+
+    def send(self, dst: str, message: m.Message) -> None:
+        self._send(dst, message)
 
     def _send(self, dst: str, message: m.Message) -> None:
         sock = self._pushes.get(dst)
@@ -279,21 +289,14 @@ class Coordinator:
         elif isinstance(msg, m.Ack):
             self._outlet.on_ack(msg.block_ids)
         elif isinstance(msg, m.Ready):
-            self._ready.setdefault(msg.epoch, set()).update(msg.stages)
+            self.ready.setdefault(msg.epoch, set()).update(msg.stages)
         elif isinstance(msg, (m.StageStats, m.Pong)):
             self._on_reply(msg)
 
     def _on_reply(self, msg: m.StageStats | m.Pong) -> None:
-        future = self._replies.get(msg.query_id)
-        if future is None or future.done():
+        if isinstance(msg, m.Pong) and self.supervisor.on_pong(msg):
             return
-        if isinstance(msg, m.Pong):
-            future.set_result(msg)
-            return
-        collected = self._collected[msg.query_id]
-        collected[msg.stage] = msg
-        if len(collected) == len(self.cfg.stages):
-            future.set_result(None)
+        self._queries.on_reply(msg)
 
     def _on_output(self, msg: m.DataReady) -> None:
         state = self._requests.get(msg.request_id)
@@ -303,6 +306,7 @@ class Coordinator:
         if msg.error is not None:
             self._finish(state, RequestStatus.FAILED, msg.error)
             return
+        state.touched = self.supervisor.clock
         data = self._reader.decode(msg.payload, msg.src) if msg.payload is not None else None
         if data is not None or msg.eos:
             state.handle.push(OutputChunk(msg.src, data, msg.eos, time.monotonic_ns()))
@@ -315,6 +319,7 @@ class Coordinator:
         state = self._requests.get(msg.request_id)
         if state is None:
             return
+        state.touched = self.supervisor.clock
         if msg.event == "admitted":
             state.holding.add(msg.stage)
             if state.handle.status is RequestStatus.PENDING:
@@ -322,68 +327,3 @@ class Coordinator:
         else:
             state.holding.discard(msg.stage)
             state.passed.add(msg.stage)
-
-    # -- supervision --------------------------------------------------------------------------
-    async def _await_ready(self, processes: set[str]) -> None:
-        epoch = next(self._ids)
-        stages = {s for p in processes for s in self.procs.groups[p]}
-        deadline = time.monotonic() + self.cfg.supervision.ready_timeout_s
-        assert self._control is not None, "start() binds the control socket first"
-        while not stages <= self._ready.get(epoch, set()):
-            for process in processes:
-                proc = self.procs.procs[process]
-                if proc.exitcode is not None:
-                    raise StartError(f"stage process {process!r} exited with code {proc.exitcode} while "
-                                     f"starting (its log above says why)")
-            if time.monotonic() > deadline:
-                raise StartError(f"stage processes {sorted(processes)} not ready after "
-                                 f"{self.cfg.supervision.ready_timeout_s:.0f}s")
-            self._control.send(m.encode(m.Hello(epoch=epoch)))
-            await asyncio.sleep(0.02)
-        self._ready.pop(epoch, None)
-
-    async def _watch_processes(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._closing:
-            died = asyncio.Event()
-            sentinels = [proc.sentinel for proc in self.procs.procs.values()]
-            for fd in sentinels:
-                loop.add_reader(fd, died.set)
-            try:
-                await died.wait()
-            finally:
-                for fd in sentinels:
-                    loop.remove_reader(fd)
-            for process in self.procs.dead():
-                if not self._closing:
-                    await self._on_process_died(process)
-
-    async def _on_process_died(self, process: str) -> None:
-        proc = self.procs.procs[process]
-        stages = self.procs.groups[process]
-        reason = f"stage {'/'.join(stages)} (process {process!r}, pid {proc.pid}) died with exit code {proc.exitcode}"
-        log.error("%s", reason)
-        for state in list(self._requests.values()):
-            if not set(stages) <= state.passed:
-                self._finish(state, RequestStatus.FAILED, StageError(ErrorCode.STAGE_CRASHED, reason))
-        for stage in stages:
-            shm.sweep(segment_prefix(self.run_id, stage))
-            self._outlet.forget_peer(stage)
-            self._reader.forget_segments(segment_prefix(self.run_id, stage))
-        assert self._control is not None, "the watcher runs only after start()"
-        self._control.send(m.encode(m.PeerRestarted(stages=list(stages))))
-        proc.close()
-        self.procs.procs.pop(process)
-        if not self.cfg.supervision.restart or self.procs.restarts[process] >= self.cfg.supervision.max_restarts:
-            log.error("not restarting %s (restarts used: %d)", process, self.procs.restarts[process])
-            return
-        self.procs.restarts[process] += 1
-        self.restarts += 1
-        tombstones = [rid for rid, status in self._ended.items() if status is not RequestStatus.COMPLETED]
-        self.procs.spawn(process, tombstones=tombstones)
-        try:
-            await self._await_ready({process})
-        except StartError as exc:
-            log.error("restart of %s failed: %s", process, exc)
-            return
-        log.warning("restarted %s", process)

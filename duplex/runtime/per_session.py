@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -55,3 +56,14 @@ def heard_part(reply: str, audio_end_ms: int, audio_ms: int | None, chars_per_s:
     budget = share * len(reply)
     words = [m.group() for m in re.finditer(r"\S+", reply) if m.end() <= budget]
     return " ".join(words) + "..."
+
+
+def heard_cut(text: str | None, audio_end_ms: int, audio_ms: int | None,
+              chars_per_s: float) -> Callable[[str], str]:
+    """How to cut a reply to what its caller heard (the fields of ``contract.Heard``): to the
+    words heard exactly, when the session knew which text each played chunk voiced (``text``),
+    else to the estimate of ``heard_part``."""
+    if text is None:
+        return partial(heard_part, audio_end_ms=audio_end_ms, audio_ms=audio_ms or None, chars_per_s=chars_per_s)
+    heard = " ".join(text.split())
+    return lambda reply: reply if len(heard.split()) >= len(reply.split()) else heard + "..."

@@ -89,6 +89,7 @@ class RequestState:
     passed: set[str] = field(default_factory=set)  # stages that released it
     input_seq: dict[str, int] = field(default_factory=dict)  # per entry stage
     created: float = field(default_factory=time.monotonic)
+    touched: float = 0.0  # supervision clock at its last input, output or progress report (stall deadline)
 
     @property
     def status(self) -> RequestStatus:

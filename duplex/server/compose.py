@@ -18,12 +18,15 @@ from duplex.edge.app import create_app
 from duplex.edge.auth import Access
 from duplex.edge.config import EdgeConfig
 from duplex.edge.health import add_health_routes
+from duplex.edge.http_protocol import accept_backlog, bound_server_logs, connection_cap, guarded_protocol
 from duplex.edge.rtc_options import use_loopback_candidates
 from duplex.edge.telephony import phone_edges
 from duplex.edge.webrtc import WebRTCGateway
 from duplex.models.registry import BUILDERS
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.lifecycle import StopSignals
+from duplex.runtime.load import LoadMonitor
+from duplex.server.admission import LoadAdmission
 from duplex.server.runtime_adapter import CoordinatorRuntime
 from duplex.server.watch import ServerWatch, WatchConfig
 from duplex.session.config import SessionConfig
@@ -47,7 +50,10 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     print(f"duplex: starting {len(pipeline.stages)} stages of {pipeline.name} ...", flush=True)
     await coordinator.start()
     runtime = CoordinatorRuntime(coordinator)
-    sessions = SessionManager(runtime, session_config, edge.max_sessions, model=pipeline.name)
+    load = LoadMonitor(coordinator, pipeline.admission)  # admission by load reads its snapshot
+    load.start()
+    admission = LoadAdmission(coordinator, load, pipeline.admission)
+    sessions = SessionManager(runtime, session_config, edge.max_sessions, model=pipeline.name, admission=admission)
     access = Access(edge.access)
     watch = ServerWatch(watch_config or WatchConfig(), coordinator, sessions, log_level,
                         auth_counters=lambda: access.counters)
@@ -59,8 +65,13 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     app = create_app(runtime, sessions, gateway, other_edges=phones.stats_providers(),
                      access=access, limits=edge.realtime)
     add_health_routes(app, watch)  # /metrics behind the API key (AccessMiddleware); health probes open
+    bound_server_logs(edge.http.error_log_per_minute)  # EMFILE on accept, invalid requests: rate-bounded
     server = _HttpServer(uvicorn.Config(app, host=edge.host, port=edge.port, log_level=log_level,
-                                        lifespan="off", ws="auto", ws_max_size=_ws_max_size(edge)))
+                                        lifespan="off", ws="auto", ws_max_size=_ws_max_size(edge),
+                                        http=guarded_protocol(edge.http),  # header deadline, cap at accept
+                                        limit_concurrency=connection_cap(edge.http.max_connections),
+                                        backlog=accept_backlog(connection_cap(edge.http.max_connections)),
+                                        timeout_keep_alive=max(1, round(edge.http.header_timeout_s))))
     stop = StopSignals()  # before the ready line: a signal sent right after it must stop us cleanly
     stopper = asyncio.create_task(_exit_on_signal(stop, server, watch))
     try:
@@ -83,15 +94,17 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
         stop.close()
         await phones.close()
         await gateway.close_all()
+        await load.stop()
         await coordinator.shutdown()
         print("duplex: stopped", flush=True)
     return 0
 
 
 def _ws_max_size(edge: EdgeConfig) -> int:
-    """uvicorn's own cap on a WebSocket message, well above the Realtime door's: a message over
-    the door's limit gets the door's error event and close, not a bare protocol close."""
-    return max(16 << 20, 4 * edge.realtime.max_frame_bytes)
+    """uvicorn's own cap on a WebSocket message, checked on each frame's header before the
+    message is reassembled: twice the Realtime door's, so a message a little over the door's
+    limit still gets the door's error event and close, and a huge one a bare 1009 close."""
+    return 2 * edge.realtime.max_frame_bytes
 
 
 async def _exit_on_signal(stop: StopSignals, server: uvicorn.Server, watch: ServerWatch) -> None:

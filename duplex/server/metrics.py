@@ -24,6 +24,8 @@ from prometheus_client.registry import Collector
 
 from duplex.runtime.coordinator import Coordinator, StageStatsView
 from duplex.runtime.step_stats import STEP_BUCKETS_S
+from duplex.runtime.supervisor import ProcessState
+from duplex.server.admission import LoadAdmission
 from duplex.session import events as ev
 from duplex.session.manager import SessionManager
 from duplex.session.observe import Refusal
@@ -108,16 +110,16 @@ class StageCollector(Collector):
         self.reachable = False
 
     async def refresh(self, timeout: float = 2.0) -> None:
-        try:
-            self._stages = await self._coordinator.stats(timeout=timeout)
-            self.reachable = True
-        except TimeoutError:  # a stage down (restarting): the scrape still answers, saying so
-            self.reachable = False
+        # a stage down (restarting): the scrape still answers with the others, saying so
+        self._stages = await self._coordinator.collect_stats(timeout=timeout)
+        self.reachable = len(self._stages) == len(self._coordinator.cfg.stages)
 
     def collect(self) -> Iterator[Metric]:
         yield from self._stage_gauges()
         yield from self._stage_steps()
         yield from self._runtime()
+        yield from self._supervision()
+        yield from self._admission()
         yield from self._sessions_now()
         if self._auth_counters is not None:
             refused = CounterMetricFamily("duplex_auth_refused", "Requests refused by the API key check",
@@ -189,6 +191,48 @@ class StageCollector(Collector):
         up = GaugeMetricFamily("duplex_stages_up", "1 if every stage answered the last stats query")
         up.add_metric([], 1 if self.reachable else 0)
         yield from (restarts, finished, live, up)
+
+    def _supervision(self) -> Iterator[Metric]:
+        supervisor = self._coordinator.supervisor
+        up = GaugeMetricFamily("duplex_stage_up", "1 while a stage's process is up, 0 while it restarts or is down",
+                               labels=["stage"])
+        state = GaugeMetricFamily("duplex_stage_state", "A stage's supervision state (1 for the current one)",
+                                  labels=["stage", "state"])
+        window = GaugeMetricFamily("duplex_stage_restarts_in_window",
+                                   "Restarts within supervision.restart_window_s (the budget is max_restarts)",
+                                   labels=["stage"])
+        kills = CounterMetricFamily("duplex_stage_watchdog_kills", "Stage processes killed for not answering pings",
+                                    labels=["stage"])
+        for process, stages in self._coordinator.procs.groups.items():
+            health = supervisor.health[process]
+            for stage in stages:
+                up.add_metric([stage], 1 if health.state is ProcessState.UP else 0)
+                for kind in ProcessState:
+                    state.add_metric([stage, kind.value], 1 if health.state is kind else 0)
+                window.add_metric([stage], supervisor.restarts_in_window(process))
+                kills.add_metric([stage], health.watchdog_kills)
+        timed_out = CounterMetricFamily("duplex_requests_timed_out",
+                                        "Requests failed for making no progress (supervision.request_stall_s)")
+        timed_out.add_metric([], supervisor.timed_out)
+        yield from (up, state, window, kills, timed_out)
+
+    def _admission(self) -> Iterator[Metric]:
+        admission = self._sessions.admission
+        if not isinstance(admission, LoadAdmission):
+            return
+        refused = CounterMetricFamily("duplex_admission_refusals", "New calls refused by admission, by reason",
+                                      labels=["reason"])
+        for reason, count in admission.refusals.items():
+            refused.add_metric([reason.value], count)
+        yield refused
+        if admission.monitor is not None:
+            lag = GaugeMetricFamily("duplex_event_loop_lag_seconds", "Worst lateness of the event loop's timer "
+                                    "in the admission window")
+            lag.add_metric([], admission.monitor.loop_lag_s)
+            wait = GaugeMetricFamily("duplex_admission_turn_wait_seconds",
+                                     "Estimate of a new turn's wait (loop lag + each stage's queued batches and step)")
+            wait.add_metric([], admission.monitor.snapshot.turn_wait_s)
+            yield from (lag, wait)
 
     def _sessions_now(self) -> Iterator[Metric]:
         sessions = GaugeMetricFamily("duplex_sessions", "Live sessions, by door", labels=["door"])

@@ -48,8 +48,19 @@ class CoordinatorRuntime:
     def start(self, request: Request) -> CoordinatorTurn:
         return CoordinatorTurn(self.coordinator, self.coordinator.submit(request))
 
-    async def stats(self) -> dict[str, dict]:
-        stats = await self.coordinator.stats()
-        return {name: {"live_requests": s.live_requests, "resources": dict(s.resources),
-                       "counters": dict(s.counters), "pid": s.pid, "request_ids": list(s.request_ids)}
-                for name, s in stats.items()}
+    async def stats(self, timeout: float = 5.0) -> dict[str, dict]:
+        """Every stage: its stats and ``state`` (up / restarting / down); a stage that is not up,
+        or did not answer in time, shows as such (with no stats) instead of failing the answer."""
+        views = await self.coordinator.collect_stats(timeout)
+        states = self.coordinator.supervisor.stage_states()
+        out: dict[str, dict] = {}
+        for stage in self.coordinator.cfg.stages:
+            s = views.get(stage.name)
+            if s is None:
+                state = states[stage.name].value if states[stage.name].value != "up" else "not answering"
+                out[stage.name] = {"state": state, "live_requests": None, "resources": {}, "counters": {},
+                                   "pid": None, "request_ids": []}
+                continue
+            out[stage.name] = {"state": "up", "live_requests": s.live_requests, "resources": dict(s.resources),
+                               "counters": dict(s.counters), "pid": s.pid, "request_ids": list(s.request_ids)}
+        return out

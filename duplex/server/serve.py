@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from duplex.config import ConfigError, load_pipeline
+from duplex.edge import door_args
 from duplex.edge.config import EdgeConfig
 from duplex.edge.telephony import phone_edges
 from duplex.server.watch import WatchConfig
@@ -44,6 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="info and below also prints one JSON line per call event (duplex.calls)")
     _add_watch_arguments(parser)
     _add_access_arguments(parser)
+    door_args.add_arguments(parser)
     phone_edges.add_arguments(parser)
     parser.set_defaults(func=run, takes_overrides=True)
 
@@ -55,7 +57,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         pipeline = load_pipeline(config, overrides)
         edge = EdgeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           ice_servers=args.ice_server, ice_loopback=args.ice_loopback,
-                          low_latency_receive=not args.aiortc_jitter_buffer, **access_settings(args))
+                          low_latency_receive=not args.aiortc_jitter_buffer, **access_settings(args),
+                          **door_args.settings(args))
         sessions_config = session_defaults(pipeline.session, args.instructions)
         phone = phone_edges.config_from_args(args)
         watch = WatchConfig(metrics=not args.no_metrics, call_log=args.call_log, record_dir=args.record,

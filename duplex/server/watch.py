@@ -114,12 +114,17 @@ class ServerWatch:
         reasons = []
         if sessions.draining:
             reasons.append("draining")
-        if not self.coordinator.started or procs.dead() or len(procs.procs) < len(procs.groups):
+        states = {stage: state.value for stage, state in self.coordinator.supervisor.stage_states().items()}
+        down = self.coordinator.supervisor.down_error()
+        if down is not None:
+            reasons.append(down.message)
+        elif not self.coordinator.started or procs.dead() or any(state != "up" for state in states.values()):
             reasons.append("stages not ready")
         if live >= sessions.max_sessions:
             reasons.append("no session slot free")
         return Readiness(ready=not reasons, load=round(live / sessions.max_sessions, 3), sessions=live,
-                         max_sessions=sessions.max_sessions, draining=sessions.draining, reasons=reasons)
+                         max_sessions=sessions.max_sessions, draining=sessions.draining, reasons=reasons,
+                         stages=states)
 
     # -- SIGTERM --------------------------------------------------------------------------------
     async def drain(self) -> bool:

@@ -5,10 +5,12 @@ the session says *what* happened and this module alone knows *how* the Realtime 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from duplex.runtime.contract import Transcript
 from duplex.session import events as ev
 from duplex.session import item_events as iev
+from duplex.session.overlap import OverlapKind, OverlapVerdict
 from duplex.session.response import Response
 
 
@@ -101,9 +103,18 @@ class Announcer:
     def audio_stopped(self, response: Response) -> None:
         self.emit(ev.OutputAudioStopped(response_id=response.id))
 
-    def audio_cut(self, response: Response, heard_ms: int) -> None:
+    def audio_cut(self, response: Response, heard_ms: int, heard_text: str | None) -> None:
         self.emit(ev.OutputAudioCleared(response_id=response.id))
-        self.emit(ev.ItemTruncated(item_id=response.item_id, audio_end_ms=heard_ms))
+        self.emit(ev.ItemTruncated(item_id=response.item_id, audio_end_ms=heard_ms, transcript=heard_text))
+
+    def paused(self, response: Response, played_ms: int, onset_ms: int) -> None:
+        self.emit(ev.ResponsePaused(response_id=response.id, item_id=response.item_id, audio_end_ms=played_ms,
+                                    audio_start_ms=onset_ms))
+
+    def resumed(self, response: Response, played_ms: int, verdict: OverlapVerdict) -> None:
+        kind: Literal["backchannel", "noise"] = "noise" if verdict.kind is OverlapKind.NOISE else "backchannel"
+        self.emit(ev.ResponseResumed(response_id=response.id, item_id=response.item_id, kind=kind,
+                                     audio_end_ms=played_ms, overlap_ms=verdict.span_ms, voiced_ms=verdict.voiced_ms))
 
     def barge_in(self, response: Response, stop_ms: float) -> None:
         self.emit(ev.TurnMetrics(response_id=response.id, barge_in_ms=round(stop_ms, 1)))

@@ -18,10 +18,10 @@ class VadConfig(_Strict):
 
     aggressiveness: int = Field(2, ge=0, le=3)
     frame_ms: int = 20  # webrtcvad accepts 10, 20 or 30
-    min_speech_ms: int = Field(80, ge=20)  # voiced audio needed to declare speech start
-    start_window_ms: int = Field(120, ge=20)  # ... within this much recent audio
-    silence_ms: int = Field(500, ge=60)  # unvoiced audio that ends a turn
-    prefix_padding_ms: int = Field(300, ge=0)  # audio before the onset that joins the turn
+    min_speech_ms: int = Field(80, ge=20, le=2000)  # voiced audio needed to declare speech start
+    start_window_ms: int = Field(120, ge=20, le=5000)  # ... within this much recent audio
+    silence_ms: int = Field(500, ge=60, le=10_000)  # unvoiced audio that ends a turn
+    prefix_padding_ms: int = Field(300, ge=0, le=2000)  # audio before the onset that joins the turn
     min_level_dbfs: float = -50.0  # quieter frames are never speech
     floor_margin_db: float = 12.0  # a voiced frame must be this far above the noise floor
 
@@ -38,8 +38,8 @@ class EchoConfig(_Strict):
     """Echo gating: input explained by the agent's own recent output is not the user."""
 
     enabled: bool = True
-    max_delay_ms: int = Field(600, ge=20)  # longest output -> microphone path we expect
-    window_ms: int = Field(100, ge=20)  # input span compared with the output
+    max_delay_ms: int = Field(600, ge=20, le=2000)  # longest output -> microphone path we expect
+    window_ms: int = Field(100, ge=20, le=1000)  # input span compared with the output
     min_correlation: float = Field(0.6, gt=0, lt=1)  # at/above: the input is mostly echo
     reference_floor_dbfs: float = -55.0  # output quieter than this cannot echo audibly
 
@@ -52,17 +52,40 @@ class PreemptConfig(_Strict):
     into a fresh one."""
 
     enabled: bool = False
-    pause_ms: int = Field(200, ge=20)
+    pause_ms: int = Field(200, ge=20, le=10_000)
+
+
+class BargeInConfig(_Strict):
+    """What a speech onset during the agent's reply does (``overlap.py``). ``onset``: it
+    interrupts at once, as every onset used to. ``listen``: the reply's audio pauses at once
+    (the caller hears it stop as quickly) but the reply stays alive while the session listens;
+    speech that goes on for ``interrupt_ms`` (voiced), or an overlap longer than
+    ``max_overlap_ms``, interrupts; one that ends first (``resume_ms`` unvoiced) was a
+    backchannel or a noise, and the reply resumes where it paused."""
+
+    mode: Literal["listen", "onset"] = "listen"
+    interrupt_ms: int = Field(600, ge=80, le=5000)
+    resume_ms: int = Field(200, ge=40, le=2000)
+    max_overlap_ms: int = Field(1500, ge=100, le=10_000)
+    noise_ms: int = Field(200, ge=0, le=2000)  # voiced overlap shorter than this is called noise
+    rejoin_ms: int = Field(500, ge=0, le=5000)  # a sound this soon after a false onset continues it
+
+    @model_validator(mode="after")
+    def _check(self) -> BargeInConfig:
+        if self.max_overlap_ms < self.interrupt_ms:
+            raise ValueError("barge_in.max_overlap_ms must be >= barge_in.interrupt_ms")
+        return self
 
 
 class SessionConfig(_Strict):
     vad: VadConfig = Field(default_factory=VadConfig)
     echo: EchoConfig = Field(default_factory=EchoConfig)
     preemptive_generation: PreemptConfig = Field(default_factory=PreemptConfig)
-    max_turn_s: float = Field(30.0, gt=0)  # a turn longer than this is committed anyway
+    barge_in: BargeInConfig = Field(default_factory=BargeInConfig)
+    max_turn_s: float = Field(30.0, gt=0, le=600)  # a turn longer than this is committed anyway
     # server_vad: the session's VAD ends turns; none: the client does (input_audio_buffer.commit)
     turn_detection: Literal["server_vad", "none"] = "server_vad"
-    instructions: str = ""
+    instructions: str = Field("", max_length=32_768)
     # Send the pipeline a ``{"session_end": true}`` request at hang-up so stages that keep
     # per-session state (the local thinker's history and conversation KV) free it. Only for
     # pipelines whose stages know that request: others would answer it like a turn.
@@ -73,6 +96,9 @@ class SessionConfig(_Strict):
         preempt = self.preemptive_generation
         if preempt.enabled and preempt.pause_ms >= self.vad.silence_ms:
             raise ValueError(f"preemptive_generation.pause_ms ({preempt.pause_ms}) must be shorter than "
+                             f"vad.silence_ms ({self.vad.silence_ms}), the silence that ends a turn")
+        if self.barge_in.resume_ms >= self.vad.silence_ms:
+            raise ValueError(f"barge_in.resume_ms ({self.barge_in.resume_ms}) must be shorter than "
                              f"vad.silence_ms ({self.vad.silence_ms}), the silence that ends a turn")
         return self
 

@@ -203,6 +203,7 @@ class ItemTruncated(ServerEvent, kw_only=True, tag="conversation.item.truncated"
     item_id: str
     content_index: int = 0
     audio_end_ms: int
+    transcript: str | None = None  # ours: the words the caller heard (null when the TTS does not say)
 
 
 class ErrorEvent(ServerEvent, kw_only=True, tag="error"):
@@ -256,6 +257,28 @@ class PreemptiveCommitted(ServerEvent, kw_only=True, tag="duplex.preemptive.comm
     audio_ready_ms: int  # agent audio already made when the turn ended
 
 
+class ResponsePaused(ServerEvent, kw_only=True, tag="duplex.response.paused"):
+    """The caller made a sound during the reply: its audio paused at once while the server
+    listens (``barge_in.mode: listen``). An interruption follows as usual (speech_started,
+    response.done cancelled), or ``duplex.response.resumed``."""
+
+    response_id: str
+    item_id: str
+    audio_end_ms: int  # of the reply's audio, played up to here
+    audio_start_ms: int  # the caller's onset (stream time of the input)
+
+
+class ResponseResumed(ServerEvent, kw_only=True, tag="duplex.response.resumed"):
+    """The sound was a backchannel or a noise: the reply plays on from where it paused."""
+
+    response_id: str
+    item_id: str
+    kind: Literal["backchannel", "noise"]
+    audio_end_ms: int  # of the reply's audio: it resumes here
+    overlap_ms: int  # the caller's sound, from its onset to the decision
+    voiced_ms: int
+
+
 _encoder = msgspec.json.Encoder()
 
 
@@ -263,181 +286,6 @@ def encode_event(event: ServerEvent) -> str:
     return _encoder.encode(event).decode()
 
 
-# ---- client events -------------------------------------------------------------------------
-
-
-class TurnDetection(msgspec.Struct, kw_only=True):
-    type: str = "server_vad"  # server_vad, or none (as ``turn_detection: null`` says too)
-    threshold: float | None = None  # 0..1, mapped onto webrtcvad aggressiveness 0..3
-    prefix_padding_ms: int | None = None
-    silence_duration_ms: int | None = None
-
-
-class AudioFormat(msgspec.Struct, kw_only=True):
-    type: str  # audio/pcm, audio/pcmu, audio/pcma
-    rate: int | None = None  # audio/pcm: 24000
-
-
-# ``null`` switches turn detection off; absent leaves it as it is
-Detection = TurnDetection | None | msgspec.UnsetType
-
-
-class AudioInput(msgspec.Struct, kw_only=True):
-    turn_detection: Detection = msgspec.UNSET
-    format: AudioFormat | None = None
-
-
-class AudioOutput(msgspec.Struct, kw_only=True):
-    format: AudioFormat | None = None
-    voice: str | None = None
-
-
-class AudioSettings(msgspec.Struct, kw_only=True):
-    input: AudioInput | None = None
-    output: AudioOutput | None = None
-
-
-class PreemptiveSettings(msgspec.Struct, kw_only=True):
-    """Ours (no Realtime counterpart): see SessionConfig.preemptive_generation."""
-
-    enabled: bool | None = None
-    pause_ms: int | None = None
-
-
-class ToolDefinition(msgspec.Struct, kw_only=True):
-    """A function the model may call (``session.update`` ``tools``); checked in ``tools.py``."""
-
-    type: str = "function"
-    name: str
-    description: str = ""
-    parameters: dict = msgspec.field(default_factory=dict)  # a JSON Schema
-    strict: bool = False
-
-
-class ToolChoiceFunction(msgspec.Struct, kw_only=True):
-    type: str = "function"
-    name: str
-
-
-class SessionSettings(msgspec.Struct, kw_only=True):
-    instructions: str | None = None
-    tools: list[ToolDefinition] | None = None
-    tool_choice: str | ToolChoiceFunction | None = None  # auto | none | required | {type: function, name}
-    preemptive_generation: PreemptiveSettings | None = None
-    turn_detection: Detection = msgspec.UNSET  # beta shape
-    audio: AudioSettings | None = None  # GA shape: audio.input.turn_detection
-    type: str | None = None  # "realtime" (GA clients send it)
-    model: str | None = None
-    output_modalities: list[str] | None = None  # ["audio"] or ["text"]
-    modalities: list[str] | None = None  # beta name of output_modalities (["text", "audio"] or ["text"])
-    voice: str | None = None  # beta place of audio.output.voice
-    input_audio_format: str | None = None  # beta: pcm16, g711_ulaw, g711_alaw
-    output_audio_format: str | None = None
-
-
-class ClientEvent(msgspec.Struct, kw_only=True, tag_field="type"):
-    event_id: str | None = None
-
-
-class SessionUpdate(ClientEvent, kw_only=True, tag="session.update"):
-    session: SessionSettings
-
-
-class ResponseOptions(msgspec.Struct, kw_only=True):
-    instructions: str | None = None
-    output_modalities: list[str] | None = None
-    modalities: list[str] | None = None  # beta name of output_modalities
-
-
-class ResponseCreate(ClientEvent, kw_only=True, tag="response.create"):
-    response: ResponseOptions | None = None
-
-
-class ResponseCancel(ClientEvent, kw_only=True, tag="response.cancel"):
-    response_id: str | None = None
-
-
-class ItemTruncate(ClientEvent, kw_only=True, tag="conversation.item.truncate"):
-    item_id: str
-    content_index: int = 0
-    audio_end_ms: int
-
-
-class InputClear(ClientEvent, kw_only=True, tag="input_audio_buffer.clear"):
-    pass
-
-
-class OutputClear(ClientEvent, kw_only=True, tag="output_audio_buffer.clear"):
-    pass
-
-
-class InputAppend(ClientEvent, kw_only=True, tag="input_audio_buffer.append"):
-    audio: str  # base64, in the session's input format
-
-
-class InputCommit(ClientEvent, kw_only=True, tag="input_audio_buffer.commit"):
-    pass
-
-
-class ItemContent(msgspec.Struct, kw_only=True):
-    type: str  # input_text | input_audio (a user message's parts)
-    text: str | None = None
-    audio: str | None = None  # base64, in the session's input format
-    transcript: str | None = None
-
-
-class ClientItem(msgspec.Struct, kw_only=True):
-    id: str | None = None
-    type: str = "message"
-    object: str | None = None
-    status: str | None = None
-    role: str | None = None
-    content: list[ItemContent] = []
-    call_id: str | None = None  # function_call / function_call_output items
-    name: str | None = None
-    arguments: str | None = None
-    output: str | None = None
-
-
-class ItemCreate(ClientEvent, kw_only=True, tag="conversation.item.create"):
-    item: ClientItem
-    previous_item_id: str | None = None
-
-
-class ItemDelete(ClientEvent, kw_only=True, tag="conversation.item.delete"):
-    item_id: str
-
-
-CLIENT_EVENTS = (SessionUpdate, ResponseCreate, ResponseCancel, ItemTruncate, InputClear, OutputClear,
-                 InputAppend, InputCommit, ItemCreate, ItemDelete)
-AnyClientEvent = (SessionUpdate | ResponseCreate | ResponseCancel | ItemTruncate | InputClear | OutputClear
-                  | InputAppend | InputCommit | ItemCreate | ItemDelete)
-_client_decoder = msgspec.json.Decoder(AnyClientEvent)
-_type_probe = msgspec.json.Decoder(dict)
-KNOWN_CLIENT_EVENTS = frozenset(str(cls.__struct_config__.tag) for cls in CLIENT_EVENTS)
-
-
-class ClientEventError(ValueError):
-    def __init__(self, code: str, message: str, event_id: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.event_id = event_id
-
-
-def decode_client_event(raw: str | bytes) -> AnyClientEvent:
-    """Parse one data-channel message; raises ClientEventError with a Realtime-style code."""
-    try:
-        probe = _type_probe.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise ClientEventError("invalid_json", f"not a JSON object: {exc}") from None
-    event_id = probe.get("event_id") if isinstance(probe.get("event_id"), str) else None
-    kind = probe.get("type")
-    if not isinstance(kind, str):
-        raise ClientEventError("missing_type", "event has no string 'type'", event_id)
-    if kind not in KNOWN_CLIENT_EVENTS:
-        known = ", ".join(sorted(KNOWN_CLIENT_EVENTS))
-        raise ClientEventError("unknown_event", f"unknown event type {kind!r}; supported: {known}", event_id)
-    try:
-        return _client_decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        raise ClientEventError("invalid_event", f"{kind}: {exc}", event_id) from None
+# Client events live in client_events.py (its ``__all__``); the session and the doors reach them
+# here too, as ``ev.SessionUpdate`` and so on.
+from duplex.session.client_events import *  # noqa: E402, F403

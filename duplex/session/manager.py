@@ -1,11 +1,14 @@
-"""All live sessions of a server: creation within a limit (none while draining), closing,
-counters for stats, and the server's observer's tap on each (``observe.py``)."""
+"""All live sessions of a server: creation within a limit (none while draining, none while a
+stage is down or the server is overloaded: the server's ``Admission``), closing, counters for
+stats, and the server's observer's tap on each (``observe.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from duplex.session import events as ev
 from duplex.session.config import SessionConfig
@@ -16,7 +19,15 @@ from duplex.session.session import VoiceSession
 
 
 class SessionsFull(RuntimeError):
+    """No session may be opened now; every door answers 503 with ``Retry-After``."""
+
     reason = Refusal.FULL
+    retry_after_s: float = 5.0
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
 
 
 class ServerDraining(SessionsFull):
@@ -26,22 +37,53 @@ class ServerDraining(SessionsFull):
     reason = Refusal.DRAINING
 
 
+class ServerOverloaded(SessionsFull):
+    """Taking the call would push turn latency past the budget (admission by load)."""
+
+    reason = Refusal.OVERLOADED
+
+
+class StageDown(SessionsFull):
+    """A stage of the pipeline is down: the call could not be served until it is back."""
+
+    reason = Refusal.STAGE_DOWN
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: Refusal  # OVERLOADED or STAGE_DOWN
+    message: str
+    retry_after_s: float
+
+
+class Admission(Protocol):
+    """The server's say on a new call beyond the session count; answers at once from state kept
+    up to date in the background (it never waits on the stages)."""
+
+    def refusal(self) -> Refused | None: ...
+
+
+_REFUSED = {Refusal.OVERLOADED: ServerOverloaded, Refusal.STAGE_DOWN: StageDown}
+
+
 class SessionManager:
     def __init__(self, runtime: VoiceRuntime, config: SessionConfig, max_sessions: int, model: str,
-                 observer: CallObserver | None = None) -> None:
+                 observer: CallObserver | None = None, admission: Admission | None = None) -> None:
         self.runtime = runtime
         self.config = config
         self.max_sessions = max_sessions
         self.model = model  # the pipeline's name, reported to clients as the session's model
         self.observer = observer  # None: nothing watched (no metrics, logs or recordings)
         self.sessions: dict[str, tuple[str, VoiceSession]] = {}  # id -> (transport, session)
-        self.counters = {"opened": 0, "closed": 0, "rejected_full": 0, "rejected_draining": 0}
+        self.admission = admission  # None: only the session count limits new calls
+        self.counters = {"opened": 0, "closed": 0, "rejected_full": 0, "rejected_draining": 0,
+                         "rejected_overloaded": 0, "rejected_stage_down": 0}
         self.draining = False  # set on SIGTERM: no new sessions, live ones go on
         self._empty = asyncio.Event()  # set whenever the last session closes
 
     def reserve(self, transport: str = "webrtc") -> None:
-        """Raise SessionsFull (ServerDraining while draining) if no session may be opened now
-        (call before costly setup)."""
+        """Raise SessionsFull (ServerDraining while draining, StageDown or ServerOverloaded when
+        the admission says so) if no session may be opened now (call before costly setup)."""
         if self.draining:
             self.counters["rejected_draining"] += 1
             self.refused(transport, Refusal.DRAINING)
@@ -50,6 +92,11 @@ class SessionManager:
             self.counters["rejected_full"] += 1
             self.refused(transport, Refusal.FULL)
             raise SessionsFull(f"all {self.max_sessions} sessions are in use; try again later")
+        refused = self.admission.refusal() if self.admission is not None else None
+        if refused is not None:
+            self.counters[f"rejected_{refused.reason.value}"] += 1
+            self.refused(transport, refused.reason)
+            raise _REFUSED[refused.reason](refused.message, refused.retry_after_s)
 
     def refused(self, transport: str, reason: Refusal) -> None:
         """A door turned a call away (the doors report their own reasons too: bad offers)."""

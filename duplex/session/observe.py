@@ -24,6 +24,8 @@ class Refusal(str, enum.Enum):
     FULL = "full"  # every session slot in use
     DRAINING = "draining"  # the server is stopping (SIGTERM): live calls finish, no new ones
     BAD_REQUEST = "bad_request"  # the offer or its settings could not be used
+    OVERLOADED = "overloaded"  # taking it would push turn latency past the budget (admission by load)
+    STAGE_DOWN = "stage_down"  # a stage of the pipeline is down: the call could not be served
     # (a request without the API key never reaches a door: the edge's access check counts it,
     # ``duplex_auth_refused_total``)
 

@@ -46,6 +46,7 @@ class Playout:
         self._item_complete = False
         self._played_samples = 0
         self._silence = np.zeros(fmt.frame_samples * fmt.channels, np.int16)
+        self.paused = False  # silence is pulled; the queued audio waits where it stopped
 
     @property
     def item_id(self) -> str | None:
@@ -80,8 +81,18 @@ class Playout:
             self._append(self._resampler.flush())
         self._item_complete = True
 
+    def pause(self) -> int:
+        """Hold the queued audio (a caller's onset while we listen); returns the ms played."""
+        self.paused = True
+        return self.played_ms
+
+    def resume(self) -> None:
+        self.paused = False
+
     def pull(self) -> PulledFrame:
         need = self.format.frame_samples * self.format.channels
+        if self.paused:
+            return PulledFrame(self._silence, None, False, False)
         if len(self._buffer) == 0:
             drained = self._item_id is not None and self._item_complete and self._played_samples > 0
             item = self._item_id if drained else None
@@ -99,6 +110,7 @@ class Playout:
     def flush(self) -> int:
         """Drop all queued audio at once (barge-in); returns the ms of the item played."""
         played = self.played_ms
+        self.paused = False
         self._buffer = np.zeros(0, np.int16)
         self._resampler = None
         self._item_id = None

@@ -28,6 +28,7 @@ def describe_session(session: VoiceSession, model: str) -> dict:
             "instructions": session.config.instructions,
             "output_modalities": ["audio"] if session.items.output_audio else ["text"],
             "preemptive_generation": session.config.preemptive_generation.model_dump(),
+            "barge_in": session.config.barge_in.model_dump(),
             **session.tools.describe(),
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": SESSION_RATE},
                                 "turn_detection": turn_detection},
@@ -43,6 +44,8 @@ def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> Sessi
         preempt = settings.preemptive_generation
         data["preemptive_generation"].update({k: v for k, v in (("enabled", preempt.enabled),
                                                                  ("pause_ms", preempt.pause_ms)) if v is not None})
+    if settings.barge_in is not None:
+        data["barge_in"].update({k: v for k, v in msgspec.structs.asdict(settings.barge_in).items() if v is not None})
     detection = settings.turn_detection
     if settings.audio is not None and settings.audio.input is not None \
             and settings.audio.input.turn_detection is not msgspec.UNSET:

@@ -5,11 +5,17 @@ is now its state (``states.ResponseState``); the properties below read it."""
 
 from __future__ import annotations
 
-from duplex.runtime.contract import Transcript
+import logging
+from collections.abc import Callable
+
+from duplex.runtime.contract import ErrorCode, StageError, Transcript
 from duplex.session.events import FunctionCallItem
+from duplex.session.heard import VoicedText
 from duplex.session.port import Turn, TurnEnded, TurnEvent, TurnStatus
 from duplex.session.states import RESPONSE_TRANSITIONS, ResponseState, StateMachine
 from duplex.session.turn_timing import TurnBreakdown, TurnTiming
+
+log = logging.getLogger("duplex.session")
 
 _AUDIO_QUEUED = frozenset({ResponseState.SPEAKING, ResponseState.DRAINING})
 _RUNTIME_ENDED = frozenset({ResponseState.DRAINING, ResponseState.DONE, ResponseState.FAILED})
@@ -27,6 +33,7 @@ class Response:
         self.held: list[TurnEvent] = []  # outputs waiting for the turn to be committed
         self.played_ms = 0
         self.audio_received_ms = 0.0  # agent audio the runtime delivered (played or not)
+        self.voiced = VoicedText()  # which text each chunk of that audio voices (heard.py)
         self.speech_end: float | None = None  # when the turn it answers ended (monotonic)
         self.ttfa_ms: float | None = None
         self.typed = False  # it answers typed text: no input transcription to report
@@ -86,6 +93,22 @@ class Response:
         if isinstance(event, TurnEnded):
             return event.status is TurnStatus.COMPLETED
         return not isinstance(event, Transcript)
+
+    async def consume(self, deliver: Callable[[Response, TurnEvent], None]) -> None:
+        """Hand each of its turn's events to ``deliver`` while it is live, up to the end."""
+        stream = aiter(self.turn.events())
+        while True:
+            try:
+                event = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except Exception as exc:  # a broken stream fails this response, never the session
+                log.exception("response %s: its stream failed", self.id)
+                event = TurnEnded(TurnStatus.FAILED, StageError(ErrorCode.INTERNAL, repr(exc)))
+            if self.live:
+                deliver(self, event)
+            if isinstance(event, TurnEnded):
+                return
 
     # -- timings --------------------------------------------------------------------------------
     def commit(self, speech_end: float, now: float | None = None) -> list[TurnEvent]:

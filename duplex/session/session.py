@@ -9,7 +9,9 @@ responding -> agent_speaking -> idle) and each response's (listening -> [specula
 committed -> speaking -> draining -> done, or cancelled / failed). Turn cues come from
 ``turns.TurnDetector``. Speech onset while a response is live is a barge-in: the output is
 flushed at once, the response aborted in every stage, the client told where its audio was cut,
-and a new turn begins.
+and a new turn begins. With ``barge_in.mode: listen`` the output pauses at the onset instead and
+``overlap.OverlapJudge`` decides: an interruption goes on as above, a backchannel or a noise
+resumes the paused reply where it stopped.
 
 Preemptive generation (``preemptive_generation.enabled``): a pause of ``pause_ms`` closes the
 turn's input, so the pipeline starts answering during the rest of the end-of-turn silence; that
@@ -17,14 +19,12 @@ speculative response's outputs are held. Voice again before the silence complete
 the whole turn's audio so far goes into a fresh request (``supersedes`` names the old one); the
 silence completing releases the held outputs at once.
 
-What the caller heard of an interrupted response travels with the session's next request as
-``TurnRequest.heard``, so a pipeline that keeps history can keep only the heard part; see
-``_interrupt`` and docs/edge.md.
+What the caller heard of an interrupted response (its audio and, from the TTS's chunks, its
+words: ``heard.py``) goes with the next request as ``TurnRequest.heard``, for history.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -36,10 +36,8 @@ import numpy as np
 from duplex.runtime.contract import (
     AgentAudio,
     AgentText,
-    ErrorCode,
     Heard,
     SessionEnd,
-    StageError,
     ToolCallDelta,
     ToolCallDone,
     Transcript,
@@ -52,11 +50,13 @@ from duplex.session.clock import InputFrames
 from duplex.session.config import SessionConfig
 from duplex.session.echo import EchoGate
 from duplex.session.observe import NO_TAP, CallTap, starved
+from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
 from duplex.session.playout import OutputFormat, Playout, PulledFrame
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus, VoiceRuntime
 from duplex.session.reference import OutputReference
 from duplex.session.response import Response
 from duplex.session.states import CALL_TRANSITIONS, CallState, ResponseState, StateMachine
+from duplex.session.tasks import SessionTasks
 from duplex.session.tools import SessionTools
 from duplex.session.turn_audio import TurnAudio
 from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
@@ -76,6 +76,7 @@ class SessionCounters:
     preemptive_starts: int = 0
     preemptive_aborts: int = 0
     preemptive_commits: int = 0
+    resumed: int = 0  # onsets during a reply that were backchannels or noises: it played on
 
 
 class VoiceSession:
@@ -101,7 +102,8 @@ class VoiceSession:
         self._heard: Heard | None = None  # what was heard of the last interrupted reply, for the next turn
         self._turn_count = 0
         self._response: Response | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._listening: Listening[Response] = Listening()  # a reply paused at an onset (overlap.py)
+        self._tasks = SessionTasks(session_id)
         self.counters = SessionCounters()
         self.last_ttfa_ms: float | None = None
         self.last_barge_in_ms: float | None = None
@@ -141,7 +143,11 @@ class VoiceSession:
         if self.detector.speaking:
             self._stream_caller_audio(frame, voiced)
         cue = self.detector.push(frame_start_ms, voiced)
-        if isinstance(cue, SpeechStarted):
+        if self._listening.active:  # the judge decides what this sound is; no other cue counts
+            settled = self._listening.push(self.config.vad.frame_ms, voiced)
+            if settled is not None:
+                self._settle_overlap(*settled)
+        elif isinstance(cue, SpeechStarted):
             self._on_speech_started(cue.onset_ms)
         elif isinstance(cue, SpeechStopped):
             self._on_speech_stopped(cue.end_ms)
@@ -151,17 +157,49 @@ class VoiceSession:
             self._resume(cue.at_ms)
 
     def _on_speech_started(self, onset_ms: int) -> None:
-        if self._response is not None and self._response.live:
+        since_onset_ms = self._stream_ms - onset_ms
+        self.audio.open((self.config.vad.prefix_padding_ms + since_onset_ms) // self.config.vad.frame_ms)
+        response = self._response
+        if response is not None and response.live:
+            if self.config.barge_in.mode == "listen":
+                self._pause(response, onset_ms)
+                return
             self._interrupt("turn_detected", self._input.clock.time_at(onset_ms))
+        self._open_turn(onset_ms)
+
+    def _open_turn(self, onset_ms: int, replay: bool = False) -> None:
+        """The caller's turn starts (its audio is open); ``replay``: feed it all heard so far."""
         self.tools.fence()  # a call still waiting for its result is not answered aloud any more
         user_item = self._new_item_id()
         self.tell.speech_started(user_item, onset_ms)
         self.counters.turns += 1
         self._request = self._next_request()
-        since_onset_ms = self._stream_ms - onset_ms
-        self.audio.open((self.config.vad.prefix_padding_ms + since_onset_ms) // self.config.vad.frame_ms)
-        self._start(self._request, user_item)
+        response = self._start(self._request, user_item)
+        if replay:
+            response.turn.feed(self.audio.replay())
         self._move_call(CallState.USER_SPEAKING)
+
+    def _pause(self, response: Response, onset_ms: int) -> None:
+        """An onset during the reply: silence it now, keep it alive, and listen (``overlap.py``)."""
+        played = self.playout.pause() if self.playout.item_id == response.item_id else response.played_ms
+        self.last_barge_in_ms = 1000 * (self._clock() - self._input.clock.time_at(onset_ms))
+        voiced_ms = min(self.config.vad.min_speech_ms, self._stream_ms - onset_ms)
+        self._listening.begin(OverlapJudge(self.config.barge_in, onset_ms, self._stream_ms, voiced_ms), response)
+        self.tell.paused(response, played, onset_ms)
+
+    def _settle_overlap(self, verdict: OverlapVerdict, response: Response) -> None:
+        if verdict.interrupts:
+            if response.live:
+                self._interrupt("turn_detected", None)
+                self._count_barge_in(response, self.last_barge_in_ms or 0.0)
+            self._open_turn(verdict.onset_ms, replay=True)
+            return
+        self.detector.reset()  # the sound is over: no turn
+        self.audio.close()
+        if response.live and self.playout.item_id == response.item_id:
+            self.playout.resume()
+            self.counters.resumed += 1
+            self.tell.resumed(response, self.playout.played_ms, verdict)
 
     def _next_request(self) -> TurnRequest:
         """A new turn's request; it carries what was heard of the reply it follows."""
@@ -251,7 +289,7 @@ class VoiceSession:
         response = Response(self.runtime.start(request), self._new_item_id(), user_item_id)
         response.text_only = not request.output_audio
         self._response = response
-        self._spawn(self._consume(response))
+        self._tasks.spawn(response.consume(self._deliver))
         return response
 
     def _commit(self, response: Response, speech_end: float) -> list[TurnEvent]:
@@ -261,21 +299,6 @@ class VoiceSession:
         self.tell.response_created(response)
         self._move_call(CallState.RESPONDING)
         return held
-
-    async def _consume(self, response: Response) -> None:
-        stream = aiter(response.turn.events())
-        while True:
-            try:
-                event = await anext(stream)
-            except StopAsyncIteration:
-                return
-            except Exception as exc:  # a broken stream fails this response, never the session
-                log.exception("session %s: response stream failed", self.session_id)
-                event = TurnEnded(TurnStatus.FAILED, StageError(ErrorCode.INTERNAL, repr(exc)))
-            if response.live:
-                self._deliver(response, event)
-            if isinstance(event, TurnEnded):
-                return
 
     def _deliver(self, response: Response, event: TurnEvent) -> None:
         response.timing.saw(event, self._clock())  # when it arrived, held back or not
@@ -305,6 +328,7 @@ class VoiceSession:
         if len(audio.samples) == 0 or audio.sample_rate <= 0 or response.text_only:
             return
         response.audio_received_ms += 1000 * audio.seconds
+        response.voiced.add(1000 * audio.seconds, audio.text)
         if response.state is ResponseState.COMMITTED:  # its first audio
             self.playout.begin_item(response.item_id)
             response.move(ResponseState.SPEAKING)
@@ -355,6 +379,9 @@ class VoiceSession:
             response.turn.abort()
         self.audio.close()
         self.detector.reset()
+        if self._listening.active:  # nothing to judge any more: the paused reply plays on
+            self._listening.drop()
+            self.playout.resume()
         if self.state is CallState.USER_SPEAKING:
             self._move_call(CallState.IDLE)
 
@@ -380,15 +407,21 @@ class VoiceSession:
             self.counters.cancelled += 1
             self.tell.response_cancelled(response, reason)
         heard = played_ms if audio_end_ms is None else min(audio_end_ms, played_ms)
+        heard_ms = heard if audio_began else 0
+        text = response.voiced.heard(heard_ms)
         if audio_began:
-            self.tell.audio_cut(response, heard)
+            self.tell.audio_cut(response, heard, text)
         # ``audio_ms`` (all of its audio) is known only if the runtime had finished it
-        self._heard = Heard(request_id=response.turn.request_id, audio_end_ms=heard if audio_began else 0,
+        self._heard = Heard(request_id=response.turn.request_id, audio_end_ms=heard_ms, text=text,
                             audio_ms=round(response.audio_received_ms) if runtime_ended else None)
         if onset_time is not None:
-            self.counters.barge_ins += 1
-            self.last_barge_in_ms = 1000 * (self._clock() - onset_time)
-            self.tell.barge_in(response, self.last_barge_in_ms)
+            self._count_barge_in(response, 1000 * (self._clock() - onset_time))
+
+    def _count_barge_in(self, response: Response, stop_ms: float) -> None:
+        """``stop_ms``: from the caller's onset until the agent's audio stopped."""
+        self.counters.barge_ins += 1
+        self.last_barge_in_ms = stop_ms
+        self.tell.barge_in(response, stop_ms)
 
     # -- agent audio out ------------------------------------------------------------------------
     def pull_output(self, due: float) -> np.ndarray:
@@ -429,9 +462,7 @@ class VoiceSession:
         self._call.move(CallState.CLOSED)  # no event: the client is going away
         if self.config.end_of_session_request:
             self._announce_end()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
 
     def _announce_end(self) -> None:
         """Tell the pipeline this session is over, so per-session state (history, cached KV) goes."""
@@ -458,16 +489,6 @@ class VoiceSession:
     def _move_call(self, state: CallState) -> None:
         self._call.move(state)
         self.tell.state(state.value)
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(self._log_crash)
-
-    def _log_crash(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:  # a bug here, not the runtime's failure
-            log.error("session %s: task crashed", self.session_id, exc_info=task.exception())
 
     def _new_item_id(self) -> str:
         return self.items.new_id()

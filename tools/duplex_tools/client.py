@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -95,8 +96,9 @@ class Heard:
 
 class RealtimeClient:
     def __init__(self, base_url: str, echo_gain: float = 0.0, low_latency: bool = True,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, local_address: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.local_address = local_address  # the address signalling goes from (e.g. 127.0.0.2)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # a key or a client secret
         self.mic = ScriptedMic(echo_gain)
         self.pc = RTCPeerConnection(rtc_configuration([]))
@@ -111,11 +113,15 @@ class RealtimeClient:
         self._tasks: list[asyncio.Task] = []
         self.pc.on("track", self._on_track)
 
-    async def connect(self, session: dict | None = None, timeout: float = 20.0) -> None:
+    async def connect(self, session: dict | None = None, timeout: float = 20.0,
+                      ignore_max_message_size: bool = False) -> None:
+        """``ignore_max_message_size``: disregard the answer's ``a=max-message-size`` (send data-channel
+        messages up to aiortc's own 256 KiB, as a peer that does not keep to the limit would)."""
         self.pc.addTrack(self.mic)
         await self.pc.setLocalDescription(await self.pc.createOffer())
+        transport = httpx.AsyncHTTPTransport(local_address=self.local_address) if self.local_address else None
         async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout, cookies=self.cookies,
-                                     headers=self.headers) as http:
+                                     headers=self.headers, transport=transport) as http:
             if session is None:
                 reply = await http.post("/v1/realtime/calls", content=self.pc.localDescription.sdp,
                                         headers={"Content-Type": "application/sdp"})
@@ -126,7 +132,10 @@ class RealtimeClient:
         if reply.status_code != 201:
             raise RuntimeError(f"call refused: {reply.status_code} {reply.text}")
         self.call_url = reply.headers["Location"]
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=reply.text, type="answer"))
+        answer = reply.text
+        if ignore_max_message_size:
+            answer = re.sub(r"a=max-message-size:\d+", "a=max-message-size:262144", answer)
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         if self.low_latency:
             for transceiver in self.pc.getTransceivers():
                 if transceiver.kind == "audio":

@@ -47,6 +47,9 @@ class CallAgent(Protocol):
 
 
 AgentFactory = Callable[[CallInfo], Awaitable[CallAgent]]
+# Is a session free now, for a call of this transport? Raises AgentUnavailable if not (and
+# takes nothing: the session itself is opened by the factory once the call is real).
+Reserve = Callable[[str], None]
 
 
 class AgentUnavailable(Exception):

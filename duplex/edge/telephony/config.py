@@ -6,6 +6,8 @@ import ipaddress
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from duplex.edge.rate import RateConfig
+
 
 class SipConfig(BaseModel):
     host: str = "127.0.0.1"  # address the SIP and RTP sockets bind to
@@ -24,8 +26,22 @@ class SipConfig(BaseModel):
     jitter_depth: int = Field(3, ge=1, le=20)  # 20 ms frames buffered before playout
     rtp_timeout_s: float = Field(30.0, ge=0)  # hang up after this long without RTP; 0: never
     user_agent: str = "duplex"
+    # Holding the line (issue 15). A call holds a session only once its 200 OK is ACKed;
+    # until then it is "pending" (an RTP port, a dialog entry) and yields to newer INVITEs.
+    ack_timeout_s: float = Field(4.0, gt=0, le=32)  # a 200 OK not ACKed by then: call dropped
+    max_pending_calls: int = Field(16, ge=1, le=1000)  # INVITEs answered, not yet ACKed
+    max_call_s: float = Field(3600.0, gt=0)  # an answered call is hung up (BYE) after this long
+    rate: RateConfig = Field(default_factory=RateConfig)  # new INVITEs per source and in total
+    # Anti-amplification: to a source without a confirmed call we send at most the bytes it
+    # sent us (plus `reply_allowance_bytes`, renewed after `reply_window_s` of silence from it),
+    # responses and their retransmissions included; refusals (503) at most `refusal_replies`
+    # a minute per source, the rest dropped unanswered.
+    reply_window_s: float = Field(30.0, gt=0, le=3600)
+    reply_allowance_bytes: int = Field(1024, ge=0, le=65536)
+    refusal_replies: float = Field(6.0, gt=0)
+    budget_exempt: list[str] = []  # CIDRs whose replies are not capped (your trunk, your SBC)
 
-    @field_validator("allow")
+    @field_validator("allow", "budget_exempt")
     @classmethod
     def _valid_networks(cls, value: list[str]) -> list[str]:
         for cidr in value:
@@ -43,3 +59,14 @@ class SipConfig(BaseModel):
         if self.advertise_host:
             return self.advertise_host
         return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+
+
+class TwilioLimits(BaseModel):
+    """Limits of the Twilio Media Streams door: a stream holds its session only while media flows."""
+
+    start_timeout_s: float = Field(10.0, gt=0)  # connected, no `start` by then: closed
+    media_timeout_s: float = Field(10.0, gt=0)  # started, then no `media` for this long: closed
+    max_call_s: float = Field(3600.0, gt=0)  # a stream is closed this long after its `start`
+    rate: RateConfig = Field(default_factory=RateConfig)  # `start`s per source address and in total
+    # loopback sources pass the rate unless set: a TLS proxy on the host carries every stream
+    limit_loopback: bool = False

@@ -65,9 +65,11 @@ class CallMedia:
         self._encoder: PhoneEncoder | None = None
         self._packetizer: RtpPacketizer | None = None
         self._destination: tuple[str, int] | None = None
-        self._latched = False
+        self._latched = False  # sending follows the latched source (symmetric RTP only)
+        self._source: tuple[str, int] | None = None  # the one source RTP is taken from
         self._talking = False
         self._seen_dtmf: set[int] = set()
+        self._early_digits: list[str] = []
         self._last_rx = time.monotonic()
         self._task: asyncio.Task | None = None
 
@@ -93,14 +95,21 @@ class CallMedia:
         self._agent = agent
         self.apply(agreed)
         agent.set_barge_in_listener(self._drop_queued_audio)
+        for digit in self._early_digits:
+            agent.dtmf(digit)
+        self._early_digits.clear()
         self._last_rx = time.monotonic()
         self._task = asyncio.get_running_loop().create_task(self._clock())
 
     def apply(self, agreed: Negotiated) -> None:
         """Use a (re)negotiated codec, address and direction."""
         codec_changed = self._agreed is None or self._agreed.codec != agreed.codec
+        if self._agreed is not None and not self._symmetric and (
+                (self._agreed.remote_address, self._agreed.remote_port)
+                != (agreed.remote_address, agreed.remote_port)):
+            self._source = None  # media moved (re-INVITE): latch afresh
         self._agreed = agreed
-        if self._agent is not None and codec_changed:
+        if self._agent is not None and (codec_changed or self._decoder is None):
             self._decoder = PhoneDecoder(agreed.codec, self._agent.input_rate)
             self._encoder = PhoneEncoder(agreed.codec, self._agent.output_rate)
         if self._packetizer is None:
@@ -144,13 +153,20 @@ class CallMedia:
             self.stats.wrong_payload_type += 1
 
     def _source_ok(self, addr: tuple, agreed: Negotiated) -> bool:
-        if self._symmetric and not self._latched:  # comedia: answer where the phone sends from
-            self._destination, self._latched = (addr[0], addr[1]), True
-            return True
-        if self._latched:
-            return addr[:2] == self._destination
-        return addr[0] == agreed.remote_address
-
+        """One source per call: the negotiated address and port, or else the first source
+        seen from the negotiated address (any address with symmetric RTP, behind NAT),
+        latched. Audio from any other port (a second socket on the caller's machine, a
+        stranger) would otherwise reach the conversation as the caller's speech."""
+        source = (addr[0], addr[1])
+        negotiated = source == (agreed.remote_address, agreed.remote_port)
+        if self._source is None and (negotiated or self._symmetric
+                                     or addr[0] == agreed.remote_address):
+            self._source = source
+            if self._symmetric:  # comedia: answer where the phone sends from
+                self._destination, self._latched = source, True
+        elif negotiated and source != self._source and not self._symmetric:
+            self._source = source  # the negotiated pair wins over a source latched before it
+        return source == self._source
     def _on_dtmf(self, timestamp: int, payload: bytes) -> None:
         try:
             event = DtmfEvent.parse(payload)
@@ -165,6 +181,8 @@ class CallMedia:
             self.stats.dtmf.append(event.digit)
             if self._agent is not None:
                 self._agent.dtmf(event.digit)
+            elif len(self._early_digits) < 16:  # its session still opening: the digit waits
+                self._early_digits.append(event.digit)
 
     def _drop_queued_audio(self) -> None:
         if self._encoder is not None:

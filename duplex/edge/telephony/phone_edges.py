@@ -10,8 +10,9 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from duplex.edge.telephony.config import SipConfig
-from duplex.edge.telephony.session_agent import session_agents
+from duplex.edge.rate import RateConfig
+from duplex.edge.telephony.config import SipConfig, TwilioLimits
+from duplex.edge.telephony.session_agent import session_agents, session_reserve
 from duplex.edge.telephony.sip_uas import SipServer
 from duplex.edge.telephony.twilio_stream import TwilioEndpoint
 from duplex.session.manager import SessionManager
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 class PhoneConfig(BaseModel):
     sip: SipConfig | None = None  # None: no SIP server
     twilio: bool = False  # mount the Twilio Media Streams WebSocket (/twilio/media-stream)
+    twilio_limits: TwilioLimits = TwilioLimits()  # its timeouts, duration and rate (issue 15)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="UDP port range for RTP media (default 20000-20999)")
     group.add_argument("--twilio", action="store_true",
                        help="accept Twilio Media Streams WebSockets at /twilio/media-stream")
+    group.add_argument("--sip-trusted", metavar="CIDR", action="append", default=[],
+                       help="SIP peers whose replies are not capped by the anti-amplification "
+                            "budget (your trunk, your SBC; repeatable)")
+    group.add_argument("--sip-ack-timeout-s", type=float, default=4.0,
+                       help="an answered INVITE not ACKed by then is dropped (default 4)")
+    group.add_argument("--twilio-media-timeout-s", type=float, default=10.0,
+                       help="a Twilio stream without media (or without a start) for this long is "
+                            "closed (default 10)")
 
 
 def config_from_args(args: argparse.Namespace) -> PhoneConfig:
@@ -54,8 +64,25 @@ def config_from_args(args: argparse.Namespace) -> PhoneConfig:
         extra = {"allow": args.sip_allow} if args.sip_allow else {}
         sip = SipConfig(host=host.strip("[]"), port=int(port), auth_users=users,
                         advertise_host=args.sip_advertise, rtp_port_min=int(low),
-                        rtp_port_max=int(high), **extra)
-    return PhoneConfig(sip=sip, twilio=args.twilio)
+                        rtp_port_max=int(high), budget_exempt=args.sip_trusted,
+                        ack_timeout_s=args.sip_ack_timeout_s, **extra, **_shared_limits(args))
+    twilio = TwilioLimits(start_timeout_s=args.twilio_media_timeout_s,
+                          media_timeout_s=args.twilio_media_timeout_s, **_shared_limits(args),
+                          **({"limit_loopback": True} if getattr(args, "limit_loopback", False) else {}))
+    return PhoneConfig(sip=sip, twilio=args.twilio, twilio_limits=twilio)
+
+
+def _shared_limits(args: argparse.Namespace) -> dict:
+    """The doors' common settings (``edge/door_args``: --call-rate ..., --max-call-s), when
+    the command line has them: the phone doors use the same values."""
+    fields: dict = {}
+    if getattr(args, "call_rate", None) is not None:
+        fields["rate"] = RateConfig(per_source=args.call_rate, source_burst=args.call_burst,
+                                    total=args.call_rate_total,
+                                    total_burst=max(args.call_burst, round(args.call_rate_total / 10)))
+    if getattr(args, "max_call_s", None) is not None:
+        fields["max_call_s"] = args.max_call_s
+    return fields
 
 
 def _credential(value: str) -> tuple[str, str]:
@@ -68,8 +95,9 @@ def _credential(value: str) -> tuple[str, str]:
 class PhoneEdges:
     def __init__(self, config: PhoneConfig, sessions: SessionManager) -> None:
         agents = session_agents(sessions)
-        self.sip = SipServer(config.sip, agents) if config.sip is not None else None
-        self.twilio = TwilioEndpoint(agents) if config.twilio else None
+        self.sip = (SipServer(config.sip, agents, session_reserve(sessions))
+                    if config.sip is not None else None)
+        self.twilio = TwilioEndpoint(agents, config.twilio_limits) if config.twilio else None
 
     @property
     def needs_websockets(self) -> bool:

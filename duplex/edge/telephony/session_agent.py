@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from duplex.edge.telephony.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo
+from duplex.edge.telephony.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo, Reserve
 from duplex.runtime.contract import SESSION_RATE
 from duplex.session import events as ev
 from duplex.session.manager import SessionManager, SessionsFull
@@ -47,7 +47,9 @@ class SessionCallAgent:
         await self._sessions.close(self.session)
 
     def _on_event(self, event: ev.ServerEvent) -> None:
-        if isinstance(event, ev.OutputAudioCleared) and self._barge_in_listener is not None:
+        # a reply paused while the session listens is silenced at the far end as a cut one is
+        # (what the far end had queued is dropped; the reply resumes from the session's playout)
+        if isinstance(event, (ev.OutputAudioCleared, ev.ResponsePaused)) and self._barge_in_listener is not None:
             self._barge_in_listener()
         if self._observer is not None:
             self._observer(self.info, event)
@@ -63,3 +65,16 @@ def session_agents(sessions: SessionManager, observer: EventObserver | None = No
             raise AgentUnavailable(str(exc)) from exc
 
     return create
+
+
+def session_reserve(sessions: SessionManager) -> Reserve:
+    """For ``SipServer``: is a session free now (486 at the INVITE if not)? Takes none: a SIP
+    call opens its session only once its 200 OK is ACKed."""
+
+    def reserve(transport: str) -> None:
+        try:
+            sessions.reserve(transport)
+        except SessionsFull as exc:
+            raise AgentUnavailable(str(exc)) from exc
+
+    return reserve

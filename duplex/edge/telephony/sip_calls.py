@@ -3,16 +3,20 @@
 A call owns three resources: its RTP socket, its agent (the conversation) and its dialog
 entry. ``_end`` releases all three, whichever side ends the call and however (BYE, CANCEL,
 ACK timeout, RTP timeout, server stop), so the stats return to zero after every call.
+
+A call takes its agent (a session slot) only when its 200 OK is ACKed: until then it is
+pending, holds an RTP port and a dialog entry, and is dropped after ``ack_timeout_s`` or when
+``max_pending_calls`` newer INVITEs need the room (``sip_pending``), so a flood of INVITEs
+that never ACK locks no caller out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 
 from duplex.edge.telephony.access import AuthResult
-from duplex.edge.telephony.bridge import AgentFactory, AgentUnavailable, CallInfo
+from duplex.edge.telephony.bridge import AgentFactory, Reserve
 from duplex.edge.telephony.media import CallMedia
 from duplex.edge.telephony.sdp import (
     LocalDescription,
@@ -25,11 +29,14 @@ from duplex.edge.telephony.sdp import (
 )
 from duplex.edge.telephony.sip_context import RequestContext, SignallingServer
 from duplex.edge.telephony.sip_dialog import ALLOW, CallState, SipCall, new_tag
-from duplex.edge.telephony.sip_headers import parse_name_addr, parse_uri
+from duplex.edge.telephony.sip_headers import parse_name_addr
 from duplex.edge.telephony.sip_message import SipParseError
+from duplex.edge.telephony.sip_pending import PendingCalls, in_dialog_destination
+from duplex.edge.telephony.sip_session import CallSessions
 from duplex.edge.telephony.sip_transactions import Address, Retransmitter, ServerTransaction
 
 log = logging.getLogger(__name__)
+FINAL_RESERVE = 600  # bytes a 1xx must leave in the source's credit for the final answer
 
 
 class OfferRejected(Exception):
@@ -41,17 +48,20 @@ class OfferRejected(Exception):
 
 
 class CallHandling:
-    def __init__(self, server: SignallingServer, agent_factory: AgentFactory) -> None:
+    def __init__(self, server: SignallingServer, agent_factory: AgentFactory,
+                 reserve: Reserve | None = None) -> None:
         self.server = server
         self.agent_factory = agent_factory
+        self.reserve = reserve  # is a session free? (raises AgentUnavailable); None: always
         self.active: dict[str, SipCall] = {}
+        self.pending = PendingCalls(self)
+        self.sessions = CallSessions(self)
         self._open_media = 0
-        self._open_agents = 0
         self._cleanups: set[asyncio.Task] = set()
 
     def stats(self) -> dict:
-        return {"calls": len(self.active), "rtp_sockets": self._open_media,
-                "agents": self._open_agents,
+        return {"calls": len(self.active), "pending": self.pending.count(),
+                "rtp_sockets": self._open_media, "agents": self.sessions.open_agents,
                 "active": {call.call_id: _call_stats(call) for call in self.active.values()}}
 
     def local_tag_for(self, call_id: str) -> str:
@@ -68,9 +78,16 @@ class CallHandling:
         if context.call_id in self.active:  # same Call-ID, new branch: a merged request (§8.2.2.2)
             server.respond(context.request, transaction, 482, reason="Loop Detected")
             return
+        limited, answer = server.guard.check_rate(context.addr[0])
+        if limited is not None:  # answered statelessly: a flood of them leaves no state behind
+            server.transactions.forget(transaction.key)
+            if answer:
+                server.respond_stateless(context.request, context.addr, 503,
+                                         headers=[("Retry-After", str(limited.retry_after))])
+            return
         if not self._authorised(context, transaction):
             return
-        if len(self.active) >= server.config.max_calls:
+        if not self.sessions.room_for_one_more():
             server.counters["busy"] += 1
             server.respond(context.request, transaction, 486)
             return
@@ -81,11 +98,19 @@ class CallHandling:
             server.respond(context.request, transaction, exc.status, reason=exc.reason,
                            headers=exc.headers)
             return
-        server.respond(context.request, transaction, 100)
+        self.pending.make_room()
+        self._provisional(context, transaction, 100)
         call = self._new_call(context, transaction)
         transaction.on_cancel = lambda: self._cancelled(call)
         call.answer_task = asyncio.get_running_loop().create_task(
             self._answer(call, context, offer, agreed))
+
+    def _provisional(self, context: RequestContext, transaction: ServerTransaction, status: int,
+                     **kwargs) -> None:
+        """A 1xx only where it leaves the source credit for the final answer (``reply_budget``)."""
+        payload = self.server.respond(context.request, transaction, status, send=False, **kwargs)
+        if self.server.guard.fits(transaction.addr[0], len(payload) + FINAL_RESERVE):
+            self.server.send_raw(payload, transaction.addr)
 
     def _authorised(self, context: RequestContext, transaction: ServerTransaction) -> bool:
         policy = self.server.policy
@@ -144,19 +169,10 @@ class CallHandling:
                 jitter_depth=config.jitter_depth, symmetric=config.symmetric_rtp,
                 rtp_timeout_s=config.rtp_timeout_s)
             self._open_media += 1
-            server.respond(context.request, call.invite_txn, 180, to_tag=call.local_tag,
-                           headers=contact)
-            call.agent = await self.agent_factory(CallInfo(
-                call.call_id, "sip", call.remote.uri, call.local.uri))
-            self._open_agents += 1
+            self._provisional(context, call.invite_txn, 180, to_tag=call.local_tag,
+                              headers=contact)
             if config.ring_ms:
                 await asyncio.sleep(config.ring_ms / 1000)
-        except AgentUnavailable as exc:
-            log.warning("call %s refused: %s", call.call_id, exc)
-            server.counters["busy"] += 1
-            server.respond(context.request, call.invite_txn, 486, to_tag=call.local_tag)
-            await self._end(call, "no session available")
-            return
         except Exception as exc:
             log.exception("could not answer call %s", call.call_id)
             server.counters["answer_failures"] += 1
@@ -169,10 +185,10 @@ class CallHandling:
                 else call.description.offer(media.local_port))
         call.offer_in_ack = offer is None
         call.state = CallState.ANSWERED
-        media.on_timeout = lambda: self.hang_up(call.call_id, "no RTP")
+        media.on_timeout = lambda: self.sessions.timed_out(call.call_id)
         if agreed is not None:
             call.agreed = agreed
-            media.start(call.agent, agreed)
+            media.apply(agreed)  # started (with the agent) once the ACK comes
         self._send_ok(call, context, body, contact)
         server.counters["calls_answered"] += 1
 
@@ -182,9 +198,13 @@ class CallHandling:
         payload = server.respond(context.request, call.invite_txn, 200, to_tag=call.local_tag,
                                  body=body, headers=contact + [("Allow", ALLOW)], send=False)
         addr = call.invite_txn.addr
+        if call.state is CallState.ANSWERED:  # a new call: pending until ACKed, not for long
+            on_give_up, limit_s = self.pending.ack_timed_out(call), server.config.ack_timeout_s
+        else:  # a re-INVITE of a confirmed call: the RFC's 64*T1
+            on_give_up, limit_s = (lambda: self.hang_up(call.call_id, "no ACK")), None
         call.ok_retransmitter = Retransmitter(  # the 2xx is the dialog's to repeat (§13.3.1.4)
             lambda: server.send_raw(payload, addr), server.transactions.t1,
-            on_give_up=lambda: self.hang_up(call.call_id, "no ACK"))
+            on_give_up=on_give_up, limit_s=limit_s)
 
     # -- re-INVITE ------------------------------------------------------------------------------
 
@@ -233,25 +253,27 @@ class CallHandling:
         if call.ok_retransmitter is not None:
             call.ok_retransmitter.stop()
             call.ok_retransmitter = None
-        if call.state is CallState.ANSWERED:
-            call.state = CallState.CONFIRMED
         if call.offer_in_ack:
             call.offer_in_ack = False
-            self._answer_in_ack(call, context)
+            if not self._answer_in_ack(call, context):
+                return
+        if call.state is CallState.ANSWERED:
+            self.sessions.confirm(call)
 
-    def _answer_in_ack(self, call: SipCall, context: RequestContext) -> None:
+    def _answer_in_ack(self, call: SipCall, context: RequestContext) -> bool:
         try:
             agreed = negotiate(parse_sdp(context.request.body))
         except SdpError as exc:  # §13.2.2.4: an unacceptable answer in the ACK ends the call
             log.warning("call %s: unusable SDP answer in ACK: %s", call.call_id, exc)
             self.hang_up(call.call_id, "bad SDP answer")
-            return
-        assert call.media is not None and call.agent is not None
+            return False
+        assert call.media is not None
         call.agreed = agreed
         if call.media.running:
             call.media.apply(agreed)
-        else:
+        elif call.agent is not None:
             call.media.start(call.agent, agreed)
+        return True
 
     def on_bye(self, context: RequestContext, transaction: ServerTransaction) -> None:
         call = self._dialog_of(context)
@@ -262,7 +284,7 @@ class CallHandling:
         if call.state is CallState.EARLY:
             self._cancelled(call)
             return
-        self._schedule_end(call, "caller hung up")
+        self.schedule_end(call, "caller hung up")
 
     def on_cancel(self, context: RequestContext, transaction: ServerTransaction) -> None:
         invite_key = (*context.key[:-1], "INVITE")
@@ -282,7 +304,7 @@ class CallHandling:
         transaction.on_cancel = None
         self._respond_to_invite(call, 487)
         self.server.counters["calls_cancelled"] += 1
-        self._schedule_end(call, "cancelled")
+        self.schedule_end(call, "cancelled")
 
     def _respond_to_invite(self, call: SipCall, status: int) -> None:
         self.server.respond(call.invite, call.invite_txn, status, to_tag=call.local_tag)
@@ -306,15 +328,15 @@ class CallHandling:
             self._respond_to_invite(call, 480)
         elif call.state is not CallState.ENDED:
             self._send_bye(call)
-        self._schedule_end(call, reason)
+        self.schedule_end(call, reason)
 
     def _send_bye(self, call: SipCall) -> None:
         host, port = self.server.contact_address
         request, branch = call.build_request("BYE", host, port)
-        self.server.send_request(request.serialize(), branch, _in_dialog_destination(call))
+        self.server.send_request(request.serialize(), branch, in_dialog_destination(call))
         self.server.counters["byes_sent"] += 1
 
-    def _schedule_end(self, call: SipCall, reason: str) -> None:
+    def schedule_end(self, call: SipCall, reason: str) -> None:
         if call.state is CallState.ENDED:
             return
         call.state = CallState.ENDED
@@ -328,6 +350,7 @@ class CallHandling:
         self.active.pop(call.call_id, None)
         if call.ok_retransmitter is not None:
             call.ok_retransmitter.stop()
+        self.sessions.release(call)
         current = asyncio.current_task()
         if call.answer_task is not None and call.answer_task is not current:
             call.answer_task.cancel()
@@ -335,6 +358,7 @@ class CallHandling:
         media, agent = call.media, call.agent
         call.media = call.agent = None
         if media is not None:
+            self.server.counters["rtp_wrong_source"] += media.stats.wrong_source
             await media.close()
             self._open_media -= 1
         if agent is not None:
@@ -342,7 +366,7 @@ class CallHandling:
                 await agent.close()
             except Exception:
                 log.exception("call %s: closing its agent failed", call.call_id)
-            self._open_agents -= 1
+            self.sessions.open_agents -= 1
         log.info("call %s ended: %s", call.call_id, reason)
 
     async def close_all(self) -> None:
@@ -366,14 +390,3 @@ def _call_stats(call: SipCall) -> dict:
 def _host_port(address: Address) -> str:
     host, port = address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _in_dialog_destination(call: SipCall) -> Address:
-    """The remote target (Contact) when it names an IP address, else where the INVITE came
-    from (a Contact naming a host we cannot resolve here, or one behind NAT)."""
-    try:
-        uri = parse_uri(call.remote_target)
-        ipaddress.ip_address(uri.host.strip("[]"))
-    except (SipParseError, ValueError):
-        return call.peer
-    return uri.host.strip("[]"), uri.port or 5060

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from duplex.edge.telephony.access import AccessPolicy
+from duplex.edge.telephony.bridge import AgentFactory, Reserve
 from duplex.edge.telephony.config import SipConfig
+from duplex.edge.telephony.sip_dialog import SipCall
+from duplex.edge.telephony.sip_guard import SipGuard
 from duplex.edge.telephony.sip_headers import NameAddr, Via
 from duplex.edge.telephony.sip_message import SipRequest
 from duplex.edge.telephony.sip_transactions import Address, ServerTransaction, TransactionKey, TransactionTable
@@ -38,6 +41,7 @@ class SignallingServer(Protocol):
     policy: AccessPolicy
     counters: collections.Counter[str]
     transactions: TransactionTable
+    guard: SipGuard
 
     @property
     def contact_address(self) -> Address: ...
@@ -47,3 +51,21 @@ class SignallingServer(Protocol):
                 body: bytes = b"", reason: str = "", send: bool = True) -> bytes: ...
 
     def send_request(self, payload: bytes, branch: str, addr: Address) -> None: ...
+
+    def send_raw(self, payload: bytes, addr: Address) -> None: ...
+
+    def respond_stateless(self, request: SipRequest, addr: Address, status: int,
+                          reason: str = "", headers: list[tuple[str, str]] | None = None) -> None: ...
+
+
+class CallTable(Protocol):
+    """What the helpers of call handling (``sip_pending``, ``sip_session``) see of it."""
+
+    server: SignallingServer
+    active: dict[str, SipCall]
+    agent_factory: AgentFactory
+    reserve: Reserve | None
+
+    def hang_up(self, call_id: str, reason: str) -> None: ...
+
+    def schedule_end(self, call: SipCall, reason: str) -> None: ...

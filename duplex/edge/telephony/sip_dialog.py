@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import secrets
+import time
 from dataclasses import dataclass, field
 
 from duplex.edge.telephony.bridge import CallAgent
@@ -48,7 +49,8 @@ def build_response(request: SipRequest, status: int, source: Address, *, to_tag:
                         ("Call-ID", request.get("Call-ID")), ("CSeq", request.get("CSeq"))):
         if value is not None:
             response.add(name, value)
-    response.add("Server", server)
+    if server:
+        response.add("Server", server)
     return response
 
 
@@ -72,8 +74,8 @@ def _stamp_received(via: str, source: Address) -> str:
 
 
 class CallState(enum.Enum):
-    EARLY = "early"  # INVITE received, final response not sent
-    ANSWERED = "answered"  # 200 OK sent, waiting for the ACK
+    EARLY = "early"  # INVITE received, final response not sent (pending: holds no session)
+    ANSWERED = "answered"  # 200 OK sent, waiting for the ACK (pending: holds no session)
     CONFIRMED = "confirmed"
     ENDED = "ended"
 
@@ -99,6 +101,8 @@ class SipCall:
     answer_task: asyncio.Task | None = None
     ok_retransmitter: Retransmitter | None = None  # our 200 OK, until its ACK
     offer_in_ack: bool = False  # we offered in the 200 OK (INVITE without SDP)
+    created: float = field(default_factory=time.monotonic)
+    limit_timer: asyncio.TimerHandle | None = None  # the maximum call duration
 
     @property
     def remote_tag(self) -> str:

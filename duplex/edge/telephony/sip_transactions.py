@@ -32,12 +32,14 @@ def server_key(request: SipRequest, via: Via) -> TransactionKey:
 
 class Retransmitter:
     """Calls ``send`` now, then after T1, 2*T1, 4*T1 ... (capped at T2) until ``stop``;
-    after 64*T1 calls ``on_give_up`` instead."""
+    after 64*T1 (or ``limit_s``, if given) calls ``on_give_up`` instead."""
 
     def __init__(self, send: Callable[[], None], t1: float,
-                 on_give_up: Callable[[], None] | None = None) -> None:
+                 on_give_up: Callable[[], None] | None = None,
+                 limit_s: float | None = None) -> None:
         self._send = send
         self._t1 = t1
+        self._limit_s = 64 * t1 if limit_s is None else limit_s
         self._on_give_up = on_give_up
         self._loop = asyncio.get_running_loop()
         self._elapsed = 0.0
@@ -47,11 +49,12 @@ class Retransmitter:
         self._schedule()
 
     def _schedule(self) -> None:
-        self._handle = self._loop.call_later(self._interval, self._fire)
+        delay = min(self._interval, max(0.0, self._limit_s - self._elapsed))
+        self._handle = self._loop.call_later(delay, self._fire, delay)
 
-    def _fire(self) -> None:
-        self._elapsed += self._interval
-        if self._elapsed >= 64 * self._t1:
+    def _fire(self, delay: float) -> None:
+        self._elapsed += delay
+        if self._elapsed >= self._limit_s - 1e-9:
             self._handle = None
             if self._on_give_up is not None:
                 self._on_give_up()

@@ -12,11 +12,12 @@ import collections
 import logging
 
 from duplex.edge.telephony.access import AccessPolicy
-from duplex.edge.telephony.bridge import AgentFactory
+from duplex.edge.telephony.bridge import AgentFactory, Reserve
 from duplex.edge.telephony.config import SipConfig
 from duplex.edge.telephony.sip_calls import CallHandling
 from duplex.edge.telephony.sip_context import RequestContext
-from duplex.edge.telephony.sip_dialog import ALLOW, build_response
+from duplex.edge.telephony.sip_dialog import ALLOW, REASONS, build_response
+from duplex.edge.telephony.sip_guard import SipGuard
 from duplex.edge.telephony.sip_headers import (
     Via,
     parse_cseq,
@@ -46,7 +47,12 @@ COUNTERS = (  # always reported, zero or not, so dashboards and tests see every 
     "auth_challenges", "auth_failures", "denied", "malformed", "bad_requests",
     "unsupported_methods", "retransmissions", "stray_acks", "stray_responses",
     "answer_failures", "internal_errors",
+    # holding the line (issue 15): refusals and reaping, counts only
+    "rate_limited", "replies_over_budget", "half_open_reaped", "pending_evicted",
+    "max_duration", "rtp_timeouts", "rtp_wrong_source",
 )
+# headers an error response keeps when it is cut down to fit the source's reply budget
+ESSENTIAL = {"contact", "www-authenticate", "retry-after", "content-type"}
 
 
 class _SipProtocol(asyncio.DatagramProtocol):
@@ -61,12 +67,14 @@ class _SipProtocol(asyncio.DatagramProtocol):
 
 
 class SipServer:
-    def __init__(self, config: SipConfig, agent_factory: AgentFactory) -> None:
+    def __init__(self, config: SipConfig, agent_factory: AgentFactory,
+                 reserve: Reserve | None = None) -> None:
         self.config = config
         self.policy = AccessPolicy(config.allow, config.auth_users, config.realm)
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
+        self.guard = SipGuard(config, self.counters)
         self.transactions = TransactionTable(self.send_raw, config.t1_ms / 1000)
-        self.calls = CallHandling(self, agent_factory)
+        self.calls = CallHandling(self, agent_factory, reserve)
         self._transport: asyncio.DatagramTransport | None = None
 
     async def start(self) -> None:
@@ -94,11 +102,13 @@ class SipServer:
 
     def stats(self) -> dict:
         return {**self.calls.stats(), "server_transactions": len(self.transactions.server),
-                "client_transactions": len(self.transactions.client), **self.counters}
+                "client_transactions": len(self.transactions.client), **self.counters,
+                **self.guard.stats()}
 
     # -- datagrams in -------------------------------------------------------------------------
 
     def datagram_received(self, data: bytes, addr: Address) -> None:
+        self.guard.received(addr[0], len(data))  # the credit for what we may send back
         if not data.strip(b"\r\n"):
             return  # CRLF keep-alive (RFC 5626)
         try:
@@ -194,31 +204,47 @@ class SipServer:
                 to_tag: str = "", headers: list[tuple[str, str]] | None = None,
                 body: bytes = b"", reason: str = "", send: bool = True) -> bytes:
         """Answer ``request`` within its server transaction; returns the bytes."""
-        response = build_response(request, status, transaction.addr, to_tag=to_tag,
-                                  reason=reason, server=self.config.user_agent)
-        for name, value in headers or []:
-            response.add(name, value)
-        if body:
-            response.add("Content-Type", "application/sdp")  # exactly this: SIPp 3.6 needs it
-            response.body = body
-        payload = response.serialize()
+        payload = self._build(request, transaction.addr, status, to_tag, headers, body, reason,
+                              full=True)
+        if status >= 200 and not self.guard.fits(transaction.addr[0], len(payload)):
+            # over budget as it is: the same answer without what is only nice to have
+            keep = request.method == "OPTIONS" or status == 405  # there Allow is the answer
+            payload = self._build(request, transaction.addr, status, to_tag, headers, body, "",
+                                  full=keep)
         self.transactions.respond(transaction, payload, status, request.method == "INVITE",
                                   send=send)
         return payload
 
+    def _build(self, request: SipRequest, addr: Address, status: int, to_tag: str,
+               headers: list[tuple[str, str]] | None, body: bytes, reason: str,
+               full: bool) -> bytes:
+        response = build_response(request, status, addr, to_tag=to_tag,
+                                  reason=reason if full else REASONS.get(status, ""),
+                                  server=self.config.user_agent if full else "")
+        for name, value in headers or []:
+            if full or name.lower() in ESSENTIAL:
+                response.add(name, value)
+        if body:
+            response.add("Content-Type", "application/sdp")  # exactly this: SIPp 3.6 needs it
+            response.body = body
+        return response.serialize()
+
     def respond_stateless(self, request: SipRequest, addr: Address, status: int,
-                          reason: str = "") -> None:
+                          reason: str = "", headers: list[tuple[str, str]] | None = None) -> None:
         try:
-            response = build_response(request, status, addr, reason=reason,
-                                      server=self.config.user_agent)
+            payload = self._build(request, addr, status, "", headers, b"", reason, full=True)
+            if not self.guard.fits(addr[0], len(payload)):
+                payload = self._build(request, addr, status, "", headers, b"", "", full=False)
         except SipParseError:
             return
-        self.send_raw(response.serialize(), addr)
+        self.send_raw(payload, addr)
 
     def send_request(self, payload: bytes, branch: str, addr: Address) -> None:
         self.transactions.request(branch, payload, addr)
 
     def send_raw(self, payload: bytes, addr: Address) -> None:
+        if not self.guard.may_send(addr, len(payload)):
+            return  # over the source's reply budget (counted there): no amplification
         if self._transport is not None:
             self._transport.sendto(payload, addr)
 

@@ -5,6 +5,10 @@ The provider already orders and buffers the media (it rides a TCP connection), s
 goes straight to the agent. Agent audio is sent as it is produced, paced at 20 ms per frame, so
 the provider's queue stays short and a ``clear`` on barge-in silences the caller at once. A
 ``mark`` follows each stretch of agent speech; the provider echoes it when that audio has played.
+
+A stream holds its session only while media flows (issue 15): no ``start`` within
+``start_timeout_s`` of connecting, no ``media`` for ``media_timeout_s``, or ``max_call_s`` after
+its ``start``, and it is closed; ``start``s are rate-limited per source address and in total.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import collections
+import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,10 +27,13 @@ from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 
 from duplex.audio import Resampler
+from duplex.edge.rate import CallRate, RateLimited
 from duplex.edge.telephony import g711
 from duplex.edge.telephony import twilio_messages as tm
 from duplex.edge.telephony.audio import PHONE_FRAME, PHONE_RATE, PhoneDecoder
 from duplex.edge.telephony.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo
+from duplex.edge.telephony.config import TwilioLimits
+from duplex.edge.telephony.refusals import Refusals
 from duplex.session.pacing import FramePacer
 
 log = logging.getLogger(__name__)
@@ -35,15 +43,25 @@ STREAM_PATH = "/twilio/media-stream"
 
 
 class StreamError(Exception):
-    """The provider sent something that ends the stream (a media format we cannot play)."""
+    """The stream ends: the provider sent something we cannot play, or no session, rate or
+    time is left for it. ``code`` is the WebSocket close code, ``kind`` the counter."""
+
+    def __init__(self, message: str, code: int = 1003, kind: str = "streams_refused") -> None:
+        super().__init__(message)
+        self.code, self.kind = code, kind
 
 
 class TwilioMediaStream:
     """One WebSocket connection = one phone call."""
 
     def __init__(self, agent_factory: AgentFactory, send_text: Callable[[str], Awaitable[None]],
-                 counters: collections.Counter[str] | None = None) -> None:
+                 counters: collections.Counter[str] | None = None,
+                 limits: TwilioLimits | None = None,
+                 admit: Callable[[], None] | None = None) -> None:
         self._factory = agent_factory
+        self._limits = limits or TwilioLimits()
+        self._admit = admit  # raises StreamError when the door takes no new call now
+        self._opened = self._started = self._last_media = 0.0
         self._send_text = send_text
         self.counters = counters if counters is not None else collections.Counter()
         self.stream_sid = ""
@@ -57,19 +75,48 @@ class TwilioMediaStream:
         self._sends: set[asyncio.Task] = set()
 
     async def run(self, messages: AsyncIterator[str]) -> None:
-        """Handle the provider's messages until ``stop`` or the connection ends."""
-        async for text in messages:
-            if len(text) > MAX_MESSAGE_CHARS:
-                self._drop("oversize", f"{len(text)} characters")
-                continue
-            try:
-                message = tm.decode_inbound(text)
-            except msgspec.MsgspecError as exc:
-                self._drop("bad_messages", str(exc)[:200])
-                continue
-            if isinstance(message, tm.Stop):
-                return
-            await self._handle(message)
+        """Handle the provider's messages until ``stop``, the connection ends or a deadline
+        passes (StreamError)."""
+        self._opened = self._last_media = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(self._deadline()) as deadline:
+                async for text in messages:
+                    if await self._receive(text):
+                        return
+                    deadline.reschedule(self._deadline())
+        except TimeoutError:
+            raise self._expired() from None
+
+    async def _receive(self, text: str) -> bool:
+        """One message; True at ``stop``."""
+        if len(text) > MAX_MESSAGE_CHARS:
+            self._drop("oversize", f"{len(text)} characters")
+            return False
+        try:
+            message = tm.decode_inbound(text)
+        except msgspec.MsgspecError as exc:
+            self._drop("bad_messages", str(exc)[:200])
+            return False
+        if isinstance(message, tm.Stop):
+            return True
+        await self._handle(message)
+        return False
+
+    def _deadline(self) -> float:
+        limits = self._limits
+        if self.agent is None:
+            return self._opened + limits.start_timeout_s
+        return min(self._last_media + limits.media_timeout_s, self._started + limits.max_call_s)
+
+    def _expired(self) -> StreamError:
+        limits = self._limits
+        if self.agent is None:
+            return StreamError(f"no start within {limits.start_timeout_s:g} s", 1000,
+                               "timeouts_no_start")
+        if asyncio.get_running_loop().time() >= self._started + limits.max_call_s:
+            return StreamError(f"maximum call duration ({limits.max_call_s:g} s)", 1000,
+                               "max_duration")
+        return StreamError(f"no media for {limits.media_timeout_s:g} s", 1000, "timeouts_no_media")
 
     async def _handle(self, message: tm.Inbound) -> None:
         if isinstance(message, tm.Start):
@@ -89,6 +136,8 @@ class TwilioMediaStream:
         if (media_format.encoding != tm.MULAW_ENCODING or media_format.sampleRate != PHONE_RATE
                 or media_format.channels != 1):
             raise StreamError(f"unsupported media format {msgspec.json.encode(media_format)!r}")
+        if self._admit is not None:
+            self._admit()
         self.stream_sid = message.start.streamSid or message.streamSid
         params = message.start.customParameters
         info = CallInfo(message.start.callSid or self.stream_sid, "twilio",
@@ -100,7 +149,9 @@ class TwilioMediaStream:
         self.agent.set_barge_in_listener(self._on_barge_in)
         self._decoder = PhoneDecoder("PCMU", self.agent.input_rate)
         self._encoder = Resampler(PHONE_RATE)
-        self._pacer_task = asyncio.get_running_loop().create_task(self._send_agent_audio())
+        loop = asyncio.get_running_loop()
+        self._started = self._last_media = loop.time()
+        self._pacer_task = loop.create_task(self._send_agent_audio())
         self.counters["streams_started"] += 1
 
     def _caller_media(self, message: tm.Media) -> None:
@@ -117,6 +168,7 @@ class TwilioMediaStream:
         if not payload or len(payload) > MAX_PAYLOAD_BYTES:
             self._drop("bad_media", f"payload of {len(payload)} bytes")
             return
+        self._last_media = asyncio.get_running_loop().time()
         self.agent.caller_audio(self._decoder(payload), time.monotonic())
 
     async def _send_agent_audio(self) -> None:
@@ -174,13 +226,25 @@ class TwilioMediaStream:
 class TwilioEndpoint:
     """The WebSocket route (and the TwiML that points a provider's call at it)."""
 
-    def __init__(self, agent_factory: AgentFactory) -> None:
+    def __init__(self, agent_factory: AgentFactory, limits: TwilioLimits | None = None) -> None:
         self.agent_factory = agent_factory
+        self.limits = limits or TwilioLimits()
         self.live: set[TwilioMediaStream] = set()
         self.counters: collections.Counter[str] = collections.Counter()
+        self.rate = CallRate(self.limits.rate, "twilio")
+        self.refusals = Refusals(self.counters, log, "twilio")
 
     def stats(self) -> dict[str, int]:
         return {"streams": len(self.live), **self.counters}
+
+    def _admit(self, source: str) -> None:
+        if not self.limits.limit_loopback and _loopback(source):
+            return
+        try:
+            self.rate.check(source)
+        except RateLimited as exc:  # 1013: try again later
+            raise StreamError(f"{exc} (retry after {exc.retry_after} s)", 1013,
+                              "rate_limited") from exc
 
     def router(self, path: str = STREAM_PATH) -> APIRouter:
         router = APIRouter()
@@ -190,15 +254,16 @@ class TwilioEndpoint:
 
     async def serve(self, websocket: WebSocket) -> None:
         await websocket.accept()
-        stream = TwilioMediaStream(self.agent_factory, websocket.send_text, self.counters)
+        source = websocket.client.host if websocket.client else ""
+        stream = TwilioMediaStream(self.agent_factory, websocket.send_text, self.counters,
+                                   self.limits, lambda: self._admit(source))
         self.live.add(stream)
         try:
             await stream.run(_texts(websocket, self.counters))
             await _close(websocket, 1000, "stream stopped")
         except StreamError as exc:
-            log.warning("twilio stream refused: %s", exc)
-            self.counters["streams_refused"] += 1
-            await _close(websocket, 1003, str(exc)[:120])
+            self.refusals.note(exc.kind, str(exc))  # counted by kind, logged at a bounded rate
+            await _close(websocket, exc.code, str(exc)[:120])
         except WebSocketDisconnect:
             pass
         finally:
@@ -212,6 +277,13 @@ class TwilioEndpoint:
         body = ('<?xml version="1.0" encoding="UTF-8"?>'
                 f"<Response><Connect><Stream url={quoteattr(url)}/></Connect></Response>")
         return Response(body, media_type="application/xml")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:

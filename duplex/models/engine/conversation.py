@@ -7,9 +7,10 @@ changed after the fact only for a reason the caller can see: a barge-in cut its 
 part that was heard, a speculation was superseded, or a tool call's result came in (each
 changes the prefix from that turn on, once).
 
-What the caller heard of an interrupted reply: there is no alignment of text to audio, so the
-heard share of the text is the heard share of the audio (``heard_part``), the same estimate the
-local thinker makes; a cut reply ends in "..." so the model sees it was interrupted.
+What the caller heard of an interrupted reply: the words its played audio voiced, when the
+session knew them (``Heard.text``, from the TTS stage's chunks), else the heard share of the
+audio taken as the heard share of the text (``heard_part``); ``heard_cut`` picks, for this thinker
+and the local one alike. A cut reply ends in "..." so the model sees it was interrupted.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from duplex.runtime.contract import Heard, ToolOutput, heard_part
+from duplex.runtime.contract import Heard, ToolOutput, heard_cut
 
 PENDING_RESULT = "(no result yet)"
 
@@ -80,7 +81,7 @@ class Conversation:
     def apply_heard(self, heard: Heard, chars_per_s: float) -> None:
         if not heard.request_id or heard.request_id in self.cut:
             return  # every request of a turn repeats the edit: apply it once
-        cut = lambda reply: heard_part(reply, heard.audio_end_ms, heard.audio_ms, chars_per_s)
+        cut = heard_cut(heard.text, heard.audio_end_ms, heard.audio_ms, chars_per_s)
         if self.interrupted is not None and self.interrupted.request_id == heard.request_id:
             turn, self.interrupted = self.interrupted, None
             turn.cut(cut)

@@ -13,7 +13,8 @@ until a later request of the session says what was heard.
 
 History edits ride on the request (the session sets them):
   ``TurnRequest.heard``: that turn's reply was heard up to ``audio_end_ms``; the history keeps
-      only that part (``contract.heard_part``), an aborted turn joins the history so cut, and
+      only that part (``contract.heard_cut``: the words played, else an estimate), an aborted
+      turn joins the history so cut, and
       cached K/V past the cut is freed;
   ``TurnRequest.supersedes``: speculative turns whose user line this request repeats in full:
       they leave the history;
@@ -30,7 +31,6 @@ worker. ``plan`` fixes each row's positions without reading earlier results (loo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
@@ -47,7 +47,7 @@ from duplex.runtime.contract import (
     SessionEnd,
     Transcript,
     TurnRequest,
-    heard_part,
+    heard_cut,
 )
 
 
@@ -134,8 +134,7 @@ class GemmaThinker:
             changed |= history.drop(superseded)
         cut = request.heard
         if cut is not None and cut.request_id:
-            heard = partial(heard_part, audio_end_ms=cut.audio_end_ms, audio_ms=cut.audio_ms or None,
-                            chars_per_s=self.settings.speech_chars_per_s)
+            heard = heard_cut(cut.text, cut.audio_end_ms, cut.audio_ms, self.settings.speech_chars_per_s)
             changed |= history.truncate(cut.request_id, heard)
         if changed:
             kept = [token for u, a in history.turns for token in self.model.encode(self.persona.turn_text(u, a))]

@@ -44,6 +44,7 @@ class StepResult:
     server_ttfa_ms: float | None = None
     reply_gap_ms: float | None = None  # the longest silence inside the reply's audio (starved playout, or pauses)
     took_over: bool | None = None  # the agent answered during a pause / yielded to a backchannel
+    resume_ms: float | None = None  # a sound the agent talked on through: its end -> agent audio heard again
     checks: list[Check] = field(default_factory=list)
 
 
@@ -138,6 +139,9 @@ def _measure_step(scenario: Scenario, rec: Recording, step: Step, record: StepRe
         result.took_over = bool(reply)
     if expect.interrupts is False:
         result.took_over = result.cut_response is not None
+        if playing is not None and not result.took_over:
+            after = rec.loud_heard(end, window_end)
+            result.resume_ms = round(1000 * max(0.0, after[0] - end), 1) if after else None
     result.checks = _step_checks(scenario, step, record, result)
     return result
 
@@ -174,6 +178,9 @@ def _step_checks(scenario: Scenario, step: Step, record: StepRecord, r: StepResu
         talked_on = r.cut_response is None
         checks.append(Check("keeps_talking", talked_on,
                             "the agent talked on" if talked_on else f"the agent yielded ({r.cut_response} cut)"))
+        if expect.max_resume_ms is not None and talked_on:
+            resumed = r.resume_ms is not None and r.resume_ms <= expect.max_resume_ms
+            checks.append(Check("max_resume_ms", resumed, f"{r.resume_ms} ms (limit {expect.max_resume_ms:.0f})"))
     if r.cut_response is not None and record.playing_ids is not None:
         if record.free_error:
             checks.append(Check("released", False, record.free_error))

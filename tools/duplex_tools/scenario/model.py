@@ -57,6 +57,7 @@ class StepExpect(_Strict):
     max_ttfb_ms: float | None = Field(None, gt=0)  # end of this speech -> first agent audio heard
     min_ttfb_ms: float | None = Field(None, ge=0)
     max_stop_ms: float | None = Field(None, gt=0)  # speech onset -> agent audio silent at the client
+    max_resume_ms: float | None = Field(None, gt=0)  # a sound that is not a turn ends -> the agent heard again
 
     @model_validator(mode="after")
     def _consistent(self) -> StepExpect:
@@ -64,6 +65,8 @@ class StepExpect(_Strict):
             raise ValueError("max_ttfb_ms/min_ttfb_ms need reply: true")
         if self.max_stop_ms is not None and self.interrupts is not True:
             raise ValueError("max_stop_ms needs interrupts: true")
+        if self.max_resume_ms is not None and self.interrupts is not False:
+            raise ValueError("max_resume_ms needs interrupts: false")
         return self
 
 

@@ -23,7 +23,7 @@ class ServerStats:
         await self._http.aclose()
 
     async def get(self) -> dict:
-        reply = await self._http.get("/duplex/stats")
+        reply = await self._http.get("/duplex/stats", params={"detail": "1"})  # ids: the host's own tools
         if reply.status_code != 200:
             raise StatsError(f"GET /duplex/stats: {reply.status_code} {reply.text[:200]}")
         return reply.json()

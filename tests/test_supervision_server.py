@@ -1,0 +1,65 @@
+"""A real ``duplex serve`` whose stage is down (killed, restarts off): ``/readyz`` says not
+ready and names the stage, ``/duplex/stats`` still answers (the stage shown as down, the others
+with their stats), a new call is refused 503 with Retry-After, and ``/metrics`` shows the stage
+down."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from aiortc import RTCPeerConnection
+
+from duplex.edge.rtc_options import rtc_configuration
+from duplex_tools.harness import ServerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
+
+
+async def offer_sdp() -> str:
+    pc = RTCPeerConnection(rtc_configuration([]))
+    try:
+        pc.addTransceiver("audio")
+        pc.createDataChannel("oai-events")
+        await pc.setLocalDescription(await pc.createOffer())
+        return pc.localDescription.sdp
+    finally:
+        await pc.close()
+
+
+async def test_a_server_whose_stage_is_down_says_not_ready_refuses_calls_and_still_reports():
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback",
+                        "--supervision.restart", "false"]) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+            assert (await http.get("/readyz")).status_code == 200
+            stats = (await http.get("/duplex/stats?detail=1")).json()  # pids: the same host may see them
+            assert {s["state"] for s in stats["stages"].values()} == {"up"}
+            os.kill(stats["stages"]["voice"]["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while (ready := await http.get("/readyz")).status_code == 200:
+                assert time.monotonic() < deadline, "readyz still ready after the stage died"
+                await asyncio.sleep(0.05)  # polling the server's HTTP answer: nothing else tells us
+            assert ready.status_code == 503
+            body = ready.json()
+            assert body["ready"] is False and body["stages"]["voice"] == "down"
+            assert any("stage voice is down" in reason for reason in body["reasons"]), body
+            stats = await http.get("/duplex/stats")
+            assert stats.status_code == 200
+            stages = stats.json()["stages"]
+            assert stages["voice"]["state"] == "down" and stages["voice"]["live_requests"] is None
+            assert stages["ears"]["state"] == "up" and stages["ears"]["live_requests"] == 0
+            offer = await offer_sdp()
+            began = time.monotonic()
+            reply = await http.post("/v1/realtime/calls", content=offer, headers={"Content-Type": "application/sdp"})
+            assert reply.status_code == 503 and int(reply.headers["Retry-After"]) >= 1
+            assert "stage voice is down" in reply.json()["error"]["message"]
+            print(f"\nrefused in {1000 * (time.monotonic() - began):.1f} ms (HTTP round trip)")
+            metrics = (await http.get("/metrics")).text
+            assert 'duplex_stage_up{stage="voice"} 0.0' in metrics and 'duplex_stage_up{stage="ears"} 1.0' in metrics
+            assert 'duplex_calls_refused_total{door="webrtc",reason="stage_down"} 1.0' in metrics
+            assert 'duplex_admission_refusals_total{reason="stage_down"} 1.0' in metrics
+    assert server.stop() == 0

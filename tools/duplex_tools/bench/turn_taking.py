@@ -1,0 +1,152 @@
+"""`duplex bench turn-taking`: turn-taking in the shape of Full-Duplex-Bench v1, per category,
+with barge-in that listens (``barge_in.mode: listen``) side by side with today's "any onset
+interrupts" (``onset``), against one server, in one run.
+
+Categories, each a scenario made here and played over WebRTC (espeak-ng speech, noise made at
+run time) ``--rounds`` times per mode:
+
+- ``pause``: the caller pauses 1.2 s mid-sentence; a take-over is a reply in that pause;
+- ``backchannel``: "uh-huh", "yeah", "okay", "mm-hmm" while the agent talks; a take-over is
+  the agent yielding (its reply cut);
+- ``noise``: a cough and a knock-like burst while the agent talks; same take-over;
+- ``interruption``: a real interruption; the agent must yield and answer it.
+
+Latencies: end of speech -> first agent audio (every answered question), onset -> agent silent
+(interruptions), interruption -> its answer, and a false onset's end -> the agent heard again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from duplex.edge.rtc_options import use_loopback_candidates
+from duplex_tools.bench.report import percentile, table, write_json
+from duplex_tools.harness import ServerProcess
+from duplex_tools.scenario.measure import ScenarioResult, measure
+from duplex_tools.scenario.model import Scenario
+from duplex_tools.scenario.runner import run_scenario
+
+MODES = {"listen (new)": {"barge_in": {"mode": "listen"}}, "onset (before)": {"barge_in": {"mode": "onset"}}}
+QUESTION = {"say": "Could you tell me a little about your menu today", "expect": {"reply": True}}
+OVERLAP_AT = {"agent_heard_s": 1.0}
+BACKCHANNELS = ("uh-huh", "yeah", "okay", "mm-hmm")
+NOISES = ({"noise": 0.3, "noise_kind": "cough"}, {"noise": 0.15, "noise_kind": "white"})
+INTERRUPTIONS = ("Sorry, can I ask something else instead", "Wait, actually I want a different drink")
+
+
+def _scenario(name: str, steps: list[dict], session: dict) -> Scenario:
+    return Scenario.model_validate({"name": name, "steps": steps, "session": session,
+                                    "expect": {"max_false_interruptions": None}})
+
+
+def scenarios(session: dict) -> list[tuple[str, Scenario]]:
+    """(category, scenario) for one mode."""
+    made = [("pause", _scenario("pause", [{"say": "I would like to order a large", "expect": {"reply": False}},
+                                          {"pause": 1.2}, {"say": "mango tea with pearls please",
+                                                           "expect": {"reply": True}}], session))]
+    for word in BACKCHANNELS:
+        made.append(("backchannel", _scenario(f"backchannel {word}", [
+            QUESTION, {"say": word, "at": OVERLAP_AT, "expect": {"interrupts": False}}], session)))
+    for noise in NOISES:
+        made.append(("noise", _scenario(f"noise {noise['noise_kind']}", [
+            QUESTION, {**noise, "at": OVERLAP_AT, "expect": {"interrupts": False}}], session)))
+    for text in INTERRUPTIONS:
+        made.append(("interruption", _scenario("interruption", [
+            QUESTION, {"say": text, "at": OVERLAP_AT, "expect": {"interrupts": True, "reply": True}}], session)))
+    return made
+
+
+@dataclass
+class Category:
+    trials: int = 0
+    take_overs: int = 0
+    failed: int = 0
+    ttfb_ms: list[float] = field(default_factory=list)  # end of speech -> first agent audio
+    stop_ms: list[float] = field(default_factory=list)  # interruption onset -> agent silent
+    answer_ms: list[float] = field(default_factory=list)  # interruption's end -> its answer heard
+    resume_ms: list[float] = field(default_factory=list)  # a false onset's end -> agent heard again
+
+    def add(self, category: str, result: ScenarioResult) -> None:
+        if result.error:
+            self.failed += 1
+            return
+        first, last = result.steps[0], result.steps[-1]
+        self.trials += 1
+        if first.ttfb_ms is not None and category != "pause":
+            self.ttfb_ms.append(first.ttfb_ms)
+        if category == "pause":
+            self.take_overs += bool(first.took_over)
+            if last.ttfb_ms is not None:
+                self.ttfb_ms.append(last.ttfb_ms)
+        elif category == "interruption":
+            answered = last.cut_response is not None and last.ttfb_ms is not None
+            self.take_overs += answered  # here a take-over is what should happen
+            if last.stop_ms is not None:
+                self.stop_ms.append(last.stop_ms)
+            if last.ttfb_ms is not None:
+                self.answer_ms.append(last.ttfb_ms)
+        else:
+            self.take_overs += bool(last.took_over)
+            if last.resume_ms is not None:
+                self.resume_ms.append(last.resume_ms)
+
+    def summary(self) -> dict:
+        def spread(values: list[float]) -> dict:
+            return {"n": len(values), "p50": percentile(values, 50), "p95": percentile(values, 95)}
+        return {"trials": self.trials, "failed": self.failed, "take_overs": self.take_overs,
+                "rate": self.take_overs / self.trials if self.trials else None,
+                "ttfb_ms": spread(self.ttfb_ms), "stop_ms": spread(self.stop_ms),
+                "answer_ms": spread(self.answer_ms), "resume_ms": spread(self.resume_ms)}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("turn-taking", help="take-over rates and latencies per turn-taking category, "
+                                                "barge-in that listens vs any onset interrupts")
+    parser.add_argument("--config", default="toy-voice", help="pipeline to serve (default: toy-voice)")
+    parser.add_argument("--rounds", type=int, default=3, help="times each scenario is played per mode")
+    parser.add_argument("--json", dest="json_path", help="write results here")
+    parser.add_argument("--plot", help="write a PNG of the take-over rates and latencies here")
+    parser.set_defaults(func=run, takes_overrides=False)
+
+
+async def _measure(url: str, rounds: int) -> dict[str, dict[str, Category]]:
+    results: dict[str, dict[str, Category]] = {}
+    for mode, session in MODES.items():
+        categories: dict[str, Category] = {}
+        made = scenarios(session)
+        for round_ in range(rounds):
+            for n, (category, scenario) in enumerate(made, 1):
+                recording = await run_scenario(scenario, url, exclusive=True)
+                categories.setdefault(category, Category()).add(category, measure(scenario, recording))
+                print(f"  {mode}: round {round_ + 1}/{rounds}, scenario {n}/{len(made)} ({scenario.name})",
+                      file=sys.stderr, flush=True)
+        results[mode] = categories
+    return results
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    use_loopback_candidates(True)
+    print(f"starting `duplex serve --config {args.config}` ...", file=sys.stderr, flush=True)
+    with ServerProcess(["--config", args.config, "--port", "0", "--ice-loopback"]) as server:
+        measured = asyncio.run(_measure(server.url, args.rounds))
+    report = {"config": args.config, "rounds": args.rounds,
+              "modes": {mode: {c: cat.summary() for c, cat in cats.items()} for mode, cats in measured.items()}}
+    rows = []
+    for mode, cats in report["modes"].items():
+        for category, s in cats.items():
+            rows.append([mode, category, f"{s['take_overs']}/{s['trials']}", s["failed"], s["ttfb_ms"]["p50"],
+                         s["stop_ms"]["p95"], s["answer_ms"]["p50"], s["resume_ms"]["p50"], s["resume_ms"]["p95"]])
+    print(table(["mode", "category", "take-overs", "failed", "ttfb p50 ms", "stop p95 ms", "answer p50 ms",
+                 "resume p50 ms", "resume p95 ms"], rows))
+    print("take-over: pause/backchannel/noise = the agent took the floor (lower is better); "
+          "interruption = it yielded and answered (higher is better)")
+    write_json(args.json_path, report)
+    if args.plot:
+        from duplex_tools.bench.turn_taking_plot import plot
+        plot(report, Path(args.plot))
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
