@@ -62,7 +62,7 @@ def test_an_overlap_that_lingers_interrupts_at_max_overlap_ms():
 
 
 def test_a_sound_soon_after_a_backchannel_continues_it_and_one_later_does_not():
-    first, _ = judge("v" * 12 + "." * 10)  # "Wait," (320 ms voiced), then 200 ms unvoiced: played on
+    first, _ = judge("v" * 12 + "." * (CONFIG.resume_ms // FRAME_MS))  # "Wait," (320 ms voiced), then quiet
     assert first.kind is OverlapKind.BACKCHANNEL and first.sound_end_ms == 1080 + 12 * FRAME_MS
     soon = OverlapJudge(CONFIG, onset_ms=first.sound_end_ms + CONFIG.rejoin_ms, now_ms=0, voiced_ms=80)
     soon.continues(first)
@@ -193,3 +193,9 @@ def test_heard_text_is_none_when_no_chunk_says_what_it_voices():
     voiced.add(500, "how are you")
     assert [voiced.heard(ms) for ms in (0, 300, 500, 800, 1000)] == [
         "", "hello", "hello there", "hello there how", "hello there how are you"]
+
+
+def test_a_short_end_of_turn_silence_shortens_the_wait_to_resume():
+    j = OverlapJudge(CONFIG, onset_ms=0, now_ms=80, voiced_ms=80, turn_silence_ms=180)
+    verdicts = [j.push(FRAME_MS, False) for _ in range(9)]
+    assert verdicts[:8] == [None] * 8 and verdicts[8].kind is OverlapKind.NOISE  # at 180 ms, not resume_ms

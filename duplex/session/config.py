@@ -65,7 +65,7 @@ class BargeInConfig(_Strict):
 
     mode: Literal["listen", "onset"] = "listen"
     interrupt_ms: int = Field(600, ge=80, le=5000)
-    resume_ms: int = Field(200, ge=40, le=2000)
+    resume_ms: int = Field(300, ge=40, le=2000)
     max_overlap_ms: int = Field(1500, ge=100, le=10_000)
     noise_ms: int = Field(200, ge=0, le=2000)  # voiced overlap shorter than this is called noise
     rejoin_ms: int = Field(500, ge=0, le=5000)  # a sound this soon after a false onset continues it
@@ -96,9 +96,6 @@ class SessionConfig(_Strict):
         preempt = self.preemptive_generation
         if preempt.enabled and preempt.pause_ms >= self.vad.silence_ms:
             raise ValueError(f"preemptive_generation.pause_ms ({preempt.pause_ms}) must be shorter than "
-                             f"vad.silence_ms ({self.vad.silence_ms}), the silence that ends a turn")
-        if self.barge_in.resume_ms >= self.vad.silence_ms:
-            raise ValueError(f"barge_in.resume_ms ({self.barge_in.resume_ms}) must be shorter than "
                              f"vad.silence_ms ({self.vad.silence_ms}), the silence that ends a turn")
         return self
 

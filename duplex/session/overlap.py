@@ -48,10 +48,14 @@ class OverlapVerdict:
 
 
 class OverlapJudge:
-    def __init__(self, config: BargeInConfig, onset_ms: int, now_ms: int, voiced_ms: int) -> None:
+    def __init__(self, config: BargeInConfig, onset_ms: int, now_ms: int, voiced_ms: int,
+                 turn_silence_ms: int | None = None) -> None:
         """``now_ms``: stream time when the onset was recognised (the VAD needs a few frames);
-        ``voiced_ms``: voiced audio from the onset up to then."""
+        ``voiced_ms``: voiced audio from the onset up to then; ``turn_silence_ms``: the silence
+        that ends a turn, which a false onset's end must not outlast (so a short end-of-turn
+        silence shortens ``resume_ms``)."""
         self.config = config
+        self.resume_ms = config.resume_ms if turn_silence_ms is None else min(config.resume_ms, turn_silence_ms)
         self.onset_ms = onset_ms
         self.voiced_ms = voiced_ms
         self._end_ms = now_ms
@@ -82,7 +86,7 @@ class OverlapJudge:
         cfg = self.config
         if self.voiced_ms >= cfg.interrupt_ms or self.span_ms >= cfg.max_overlap_ms:
             return self._verdict(OverlapKind.INTERRUPTION)
-        if self._unvoiced_run_ms >= cfg.resume_ms:
+        if self._unvoiced_run_ms >= self.resume_ms:
             return self._verdict(OverlapKind.NOISE if self.voiced_ms < cfg.noise_ms else OverlapKind.BACKCHANNEL)
         return None
 

@@ -184,7 +184,9 @@ class VoiceSession:
         played = self.playout.pause() if self.playout.item_id == response.item_id else response.played_ms
         self.last_barge_in_ms = 1000 * (self._clock() - self._input.clock.time_at(onset_ms))
         voiced_ms = min(self.config.vad.min_speech_ms, self._stream_ms - onset_ms)
-        self._listening.begin(OverlapJudge(self.config.barge_in, onset_ms, self._stream_ms, voiced_ms), response)
+        vad = self.config.vad
+        judge = OverlapJudge(self.config.barge_in, onset_ms, self._stream_ms, voiced_ms, vad.silence_ms - vad.frame_ms)
+        self._listening.begin(judge, response)
         self.tell.paused(response, played, onset_ms)
 
     def _settle_overlap(self, verdict: OverlapVerdict, response: Response) -> None:
