@@ -21,13 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets
-from aiortc import RTCPeerConnection
 from openai import AsyncOpenAI
 
-from duplex.edge.rtc_options import rtc_configuration
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess
 from duplex_tools.ws_client import WsCaller
+from tests.test_edge_signalling import offer_sdp  # a real offer from a peer that then goes away
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 DEADLINE_S = 5.0  # the default admission deadline (EdgeConfig.connect_timeout_s)
@@ -58,18 +57,6 @@ def limited_server():
 def host_port(url: str) -> tuple[str, int]:
     host, port = url.removeprefix("http://").rstrip("/").split(":")
     return host, int(port)
-
-
-async def offer_sdp() -> str:
-    """A real offer from a peer that then goes away (its ICE never completes)."""
-    pc = RTCPeerConnection(rtc_configuration([]))
-    try:
-        pc.addTransceiver("audio")
-        pc.createDataChannel("oai-events")
-        await pc.setLocalDescription(await pc.createOffer())
-        return pc.localDescription.sdp
-    finally:
-        await pc.close()
 
 
 async def stats(url: str, **params: str) -> dict:

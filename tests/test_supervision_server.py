@@ -12,23 +12,11 @@ import time
 
 import httpx
 import pytest
-from aiortc import RTCPeerConnection
 
-from duplex.edge.rtc_options import rtc_configuration
 from duplex_tools.harness import ServerProcess
+from tests.test_edge_signalling import offer_sdp  # a real offer from a peer that then goes away
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
-
-
-async def offer_sdp() -> str:
-    pc = RTCPeerConnection(rtc_configuration([]))
-    try:
-        pc.addTransceiver("audio")
-        pc.createDataChannel("oai-events")
-        await pc.setLocalDescription(await pc.createOffer())
-        return pc.localDescription.sdp
-    finally:
-        await pc.close()
 
 
 async def test_a_server_whose_stage_is_down_says_not_ready_refuses_calls_and_still_reports():
