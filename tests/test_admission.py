@@ -1,9 +1,10 @@
 """Admission by load and by the stages' health, at the session manager, over a real coordinator
 with real stage processes (toy-voice): a blocked event loop or a deep stage queue makes
 ``reserve()`` refuse at once (well under 50 ms) with ``ServerOverloaded`` while the live session
-goes on; with the default thresholds a moderately loaded server refuses nothing; a stage that
-is down refuses new calls (``StageDown``, with a Retry-After) and fails a live session's turn
-with an ``error`` event at once instead of leaving it responding."""
+goes on, and with no call live nothing refuses by load; with the default thresholds a moderately
+loaded server refuses nothing; a stage that is down refuses new calls (``StageDown``, with a
+Retry-After) and fails a live session's turn with an ``error`` event at once instead of leaving it
+responding."""
 
 from __future__ import annotations
 
@@ -94,8 +95,16 @@ def timed_reserve(manager: SessionManager) -> float:
 async def test_a_blocked_event_loop_refuses_new_calls_at_once_and_the_live_call_goes_on():
     tight = AdmissionConfig(max_loop_lag_ms=100, lag_window_s=1.0, probe_interval_s=PROBE_S)
     async with Server(tight) as server:
+        time.sleep(BLOCK_S)  # no call is live: there is no one to protect, so the first caller is admitted
+        assert server.monitor.loop_lag_s * 1000 > tight.max_loop_lag_ms
+        timed_reserve(server.manager)
         session, events = server.open()
-        timed_reserve(server.manager)  # idle: admitted
+
+        async def calm() -> bool:
+            return server.monitor.loop_lag_s * 1000 < tight.max_loop_lag_ms
+
+        await wait_for(calm, timeout=10, what="the lag window to pass")
+        timed_reserve(server.manager)  # one call live, the loop on time: admitted
         time.sleep(BLOCK_S)  # the event loop's thread is busy: every timer on it runs late
         began = time.perf_counter()
         with pytest.raises(ServerOverloaded) as refused:
@@ -108,10 +117,6 @@ async def test_a_blocked_event_loop_refuses_new_calls_at_once_and_the_live_call_
         assert server.manager.counters["rejected_overloaded"] == 1
         done = await typed_turn(session, events)  # the admitted call is untouched
         assert isinstance(done, ev.ResponseDone) and done.response.status == "completed"
-
-        async def calm() -> bool:
-            return server.monitor.loop_lag_s * 1000 < tight.max_loop_lag_ms
-
         await wait_for(calm, timeout=10, what="the lag window to pass")
         timed_reserve(server.manager)  # admitted again
 

@@ -21,10 +21,10 @@ def test_supervision_and_admission_settings_come_from_the_command_line_and_are_c
         load_pipeline("toy", ["--admission.max_loop_lag_ms", "-1"])
 
 
-def test_a_new_turn_waits_a_step_per_batch_queued_ahead_and_its_own_at_every_stage():
-    asr = StageLoad(queued=8, live_requests=9, step_s=0.5, batch=4)  # two batches ahead, then its own
-    tts = StageLoad(queued=0, live_requests=1, step_s=0.1, batch=1)
-    assert asr.wait_s == pytest.approx(1.5) and tts.wait_s == pytest.approx(0.1)
+def test_a_new_turn_waits_a_step_per_batch_queued_ahead_at_every_stage_and_not_for_its_own():
+    asr = StageLoad(queued=8, live_requests=9, step_s=0.5, batch=4)  # two batches ahead
+    tts = StageLoad(queued=0, live_requests=1, step_s=4.0, batch=1)  # slow but idle: nothing ahead
+    assert asr.wait_s == pytest.approx(1.0) and tts.wait_s == 0
     snapshot = LoadSnapshot(loop_lag_s=0.2, stages={"asr": asr, "tts": tts})
-    assert snapshot.turn_wait_s == pytest.approx(1.8)
+    assert snapshot.turn_wait_s == pytest.approx(1.2)
     assert LoadSnapshot().turn_wait_s == 0  # nothing sampled yet: nothing to refuse for

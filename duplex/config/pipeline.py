@@ -146,11 +146,12 @@ class SupervisionConfig(_Strict):
 class AdmissionConfig(_Strict):
     """Admission by load (``duplex.server.admission``): a new call is refused (503 + Retry-After)
     when the estimate of a new turn's wait would pass ``turn_budget_ms``, or the event loop runs
-    late by more than ``max_loop_lag_ms``. Defaults refuse nothing on an idle or moderately
-    loaded 2-core box; tighten them per deployment."""
+    late by more than ``max_loop_lag_ms``. Load never refuses while no call is live (there is no
+    one to protect, and the first caller's own latency is the floor). Defaults refuse nothing on a
+    moderately loaded 2-core box; tighten them per deployment."""
 
     enabled: bool = True
-    turn_budget_ms: float = Field(4000.0, gt=0)  # loop lag + per stage (queued batches + 1) x recent step time
+    turn_budget_ms: float = Field(4000.0, gt=0)  # loop lag + per stage queued batches x recent step time
     max_loop_lag_ms: float = Field(500.0, gt=0)  # worst lateness of a periodic timer in lag_window_s
     lag_window_s: float = Field(2.0, gt=0)
     sample_interval_s: float = Field(0.5, gt=0)  # how often the stages' queues and step times are sampled

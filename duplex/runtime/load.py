@@ -28,8 +28,10 @@ class StageLoad:
 
     @property
     def wait_s(self) -> float:
-        """What a new request would wait here: a step for each batch queued ahead, and its own."""
-        return self.step_s * (1 + self.queued / self.batch)
+        """What a new request would wait here for others: a step for each batch queued ahead. Its
+        own step is not counted: that is the latency floor, which refusing others cannot lower
+        (and an idle stage keeps its last step time, which must not refuse anyone)."""
+        return self.step_s * self.queued / self.batch
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class LoadSnapshot:
 
     @property
     def turn_wait_s(self) -> float:
-        """Estimate of a new turn's wait before its output: loop lag plus every stage's wait."""
+        """Estimate of what a new turn would wait for other work: loop lag plus every stage's queue."""
         return self.loop_lag_s + sum(stage.wait_s for stage in self.stages.values())
 
 

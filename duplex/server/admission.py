@@ -21,8 +21,8 @@ class LoadAdmission:
         self.config = config
         self.refusals = {Refusal.OVERLOADED: 0, Refusal.STAGE_DOWN: 0}
 
-    def refusal(self) -> Refused | None:
-        refused = self._stage_down() or self._overloaded()
+    def refusal(self, live: int) -> Refused | None:
+        refused = self._stage_down() or (self._overloaded() if live else None)
         if refused is not None:
             self.refusals[refused.reason] += 1
         return refused

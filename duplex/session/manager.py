@@ -60,7 +60,7 @@ class Admission(Protocol):
     """The server's say on a new call beyond the session count; answers at once from state kept
     up to date in the background (it never waits on the stages)."""
 
-    def refusal(self) -> Refused | None: ...
+    def refusal(self, live: int) -> Refused | None: ...  # live: the sessions open now
 
 
 _REFUSED = {Refusal.OVERLOADED: ServerOverloaded, Refusal.STAGE_DOWN: StageDown}
@@ -92,7 +92,7 @@ class SessionManager:
             self.counters["rejected_full"] += 1
             self.refused(transport, Refusal.FULL)
             raise SessionsFull(f"all {self.max_sessions} sessions are in use; try again later")
-        refused = self.admission.refusal() if self.admission is not None else None
+        refused = self.admission.refusal(len(self.sessions)) if self.admission is not None else None
         if refused is not None:
             self.counters[f"rejected_{refused.reason.value}"] += 1
             self.refused(transport, refused.reason)
