@@ -41,6 +41,12 @@ spec="."
 if [ ${#extras[@]} -gt 0 ]; then spec=".[$(IFS=,; echo "${extras[*]}")]"; fi
 echo "== pip: duplex $spec"
 python -m pip install -q -e "$spec"
+if [[ " ${extras[*]} " == *" local "* ]]; then
+  # semantic_vad's end-of-turn model (Smart Turn v3.2, BSD-2) ships in this wheel; only its ONNX
+  # file is used, so none of pipecat's own dependencies are installed
+  echo "== pip: pipecat-ai (the Smart Turn model file only, --no-deps)"
+  python -m pip install -q --no-deps "pipecat-ai==1.14.0"
+fi
 if [ "$want_tools" = 1 ]; then
   echo "== pip: duplex-tools (tools/)"
   python -m pip install -q -e tools

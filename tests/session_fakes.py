@@ -29,6 +29,7 @@ from duplex.runtime.contract import (
 )
 from duplex.session import events as ev
 from duplex.session.config import SessionConfig
+from duplex.session.endpoint import TurnEndModel
 from duplex.session.playout import OutputFormat
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus
 from duplex.session.session import VoiceSession
@@ -183,13 +184,14 @@ class Call:
     """A session and its caller, one frame at a time: each step the transport pulls the frame
     due now, then the caller's frame for the same 20 ms arrives."""
 
-    def __init__(self, config: SessionConfig | None = None, echo_gain: float = 0.0, echo_delay_ms: int = 0) -> None:
+    def __init__(self, config: SessionConfig | None = None, echo_gain: float = 0.0, echo_delay_ms: int = 0,
+                 turn_end: TurnEndModel | None = None) -> None:
         self.clock = FakeClock()
         self.runtime = FakeRuntime()
         self.events: list[ev.ServerEvent] = []
         self._event_frames: list[int] = []  # per event: how many output frames had been pulled
         self.session = VoiceSession("sess_fake01", self.runtime, config or SessionConfig(), self._record,
-                                    OUTPUT, clock=self.clock)
+                                    OUTPUT, clock=self.clock, turn_end=turn_end)
         self.played: list[np.ndarray] = []  # every output frame, int16
         self.stream_ms = 0  # caller audio sent so far
         self._echo_gain = echo_gain

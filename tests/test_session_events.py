@@ -81,7 +81,7 @@ def test_settings_in_ga_and_beta_shapes_map_onto_the_vad():
 
 
 @pytest.mark.parametrize("detection, message", [
-    ({"type": "semantic_vad"}, "server_vad or none"),
+    ({"type": "vad_of_the_future"}, "server_vad, semantic_vad or none"),
     ({"silence_duration_ms": 100}, "pause_ms"),  # shorter than the preemptive pause: refused by the config
 ])
 def test_out_of_range_settings_are_refused(detection, message):

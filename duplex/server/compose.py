@@ -28,6 +28,7 @@ from duplex.runtime.lifecycle import StopSignals
 from duplex.runtime.load import LoadMonitor
 from duplex.server.admission import LoadAdmission
 from duplex.server.runtime_adapter import CoordinatorRuntime
+from duplex.server.turn_end import load_turn_end_model
 from duplex.server.watch import ServerWatch, WatchConfig
 from duplex.session.config import SessionConfig
 from duplex.session.manager import SessionManager
@@ -53,7 +54,9 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     load = LoadMonitor(coordinator, pipeline.admission)  # admission by load reads its snapshot
     load.start()
     admission = LoadAdmission(coordinator, load, pipeline.admission)
-    sessions = SessionManager(runtime, session_config, edge.max_sessions, model=pipeline.name, admission=admission)
+    turn_end = load_turn_end_model(eager=session_config.semantic_turns)  # for semantic_vad sessions
+    sessions = SessionManager(runtime, session_config, edge.max_sessions, model=pipeline.name, admission=admission,
+                              turn_end=turn_end)
     access = Access(edge.access)
     watch = ServerWatch(watch_config or WatchConfig(), coordinator, sessions, log_level,
                         auth_counters=lambda: access.counters)
@@ -95,6 +98,8 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
         await phones.close()
         await gateway.close_all()
         await load.stop()
+        if turn_end is not None:
+            turn_end.close()
         await coordinator.shutdown()
         print("duplex: stopped", flush=True)
     return 0

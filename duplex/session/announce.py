@@ -10,6 +10,7 @@ from typing import Literal
 from duplex.runtime.contract import Transcript
 from duplex.session import events as ev
 from duplex.session import item_events as iev
+from duplex.session.endpoint import TurnJudgement
 from duplex.session.overlap import OverlapKind, OverlapVerdict
 from duplex.session.response import Response
 
@@ -40,6 +41,11 @@ class Announcer:
         self.emit(ev.SpeechStopped(audio_end_ms=end_ms, item_id=user_item))
         self.emit(ev.InputCommitted(item_id=user_item))
         self.emit(ev.ItemAdded(item=ev.user_audio_item(user_item)))
+
+    def turn_judged(self, user_item: str, judgement: TurnJudgement) -> None:
+        probability = None if judgement.probability is None else round(judgement.probability, 3)
+        self.emit(ev.TurnJudged(item_id=user_item, audio_end_ms=judgement.pause_end_ms, probability=probability,
+                                words_hang=judgement.words_hang, complete=judgement.complete))
 
     def user_transcript(self, user_item: str, transcript: Transcript) -> None:
         if transcript.final:

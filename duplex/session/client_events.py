@@ -6,7 +6,7 @@ event naming it instead of a silent no-op.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -65,10 +65,11 @@ class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class TurnDetection(_Settings, kw_only=True):
-    type: ShortText = "server_vad"  # server_vad, or none (as ``turn_detection: null`` says too)
+    type: ShortText = "server_vad"  # server_vad, semantic_vad, or none (as ``turn_detection: null`` says too)
     threshold: Fraction | None = None  # mapped onto webrtcvad aggressiveness 0..3
     prefix_padding_ms: PrefixPaddingMs | None = None
     silence_duration_ms: SilenceMs | None = None
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None  # semantic_vad
 
 
 class AudioFormat(_Settings, kw_only=True):

@@ -77,14 +77,42 @@ class BargeInConfig(_Strict):
         return self
 
 
+Eagerness = Literal["low", "medium", "high", "auto"]
+# eagerness -> (P(complete) at/above which a pause ends the turn, the longest pause waited for)
+EAGERNESS: dict[str, tuple[float, int]] = {"high": (0.3, 1000), "medium": (0.5, 2000), "auto": (0.5, 2000),
+                                           "low": (0.7, 4000)}
+
+
+class SemanticTurnConfig(_Strict):
+    """``turn_detection: semantic_vad``: at a pause of ``check_ms`` the turn is judged
+    (``endpoint.py``): by the sound of its end (the Smart Turn model, where the server has it) and
+    by its last words (a turn ending in "um", "and", "the", ... is not over). Complete: the turn
+    ends there; not: it waits for more, up to the eagerness' longest pause (or ``max_silence_ms``)."""
+
+    eagerness: Eagerness = "auto"
+    check_ms: int = Field(200, ge=60, le=2000)  # the pause at which the turn is judged (and speculated on)
+    threshold: float | None = Field(None, ge=0, le=1)  # default: the eagerness'
+    max_silence_ms: int | None = Field(None, ge=200, le=10_000)  # default: the eagerness'
+
+    @property
+    def complete_at(self) -> float:
+        return EAGERNESS[self.eagerness][0] if self.threshold is None else self.threshold
+
+    @property
+    def longest_pause_ms(self) -> int:
+        return EAGERNESS[self.eagerness][1] if self.max_silence_ms is None else self.max_silence_ms
+
+
 class SessionConfig(_Strict):
     vad: VadConfig = Field(default_factory=VadConfig)
     echo: EchoConfig = Field(default_factory=EchoConfig)
     preemptive_generation: PreemptConfig = Field(default_factory=PreemptConfig)
     barge_in: BargeInConfig = Field(default_factory=BargeInConfig)
     max_turn_s: float = Field(30.0, gt=0, le=600)  # a turn longer than this is committed anyway
-    # server_vad: the session's VAD ends turns; none: the client does (input_audio_buffer.commit)
-    turn_detection: Literal["server_vad", "none"] = "server_vad"
+    # server_vad: the session's VAD ends turns after vad.silence_ms; semantic_vad: after a pause
+    # judged complete (semantic); none: the client does (input_audio_buffer.commit)
+    turn_detection: Literal["server_vad", "semantic_vad", "none"] = "server_vad"
+    semantic: SemanticTurnConfig = Field(default_factory=SemanticTurnConfig)
     instructions: str = Field("", max_length=32_768)
     # Send the pipeline a ``{"session_end": true}`` request at hang-up so stages that keep
     # per-session state (the local thinker's history and conversation KV) free it. Only for
@@ -94,12 +122,28 @@ class SessionConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> SessionConfig:
         preempt = self.preemptive_generation
-        if preempt.enabled and preempt.pause_ms >= self.vad.silence_ms:
+        if self.semantic_turns:
+            if self.semantic.check_ms >= self.semantic.longest_pause_ms:
+                raise ValueError(f"semantic.check_ms ({self.semantic.check_ms}) must be shorter than the longest "
+                                 f"pause waited for ({self.semantic.longest_pause_ms} ms)")
+        elif preempt.enabled and preempt.pause_ms >= self.vad.silence_ms:
             raise ValueError(f"preemptive_generation.pause_ms ({preempt.pause_ms}) must be shorter than "
                              f"vad.silence_ms ({self.vad.silence_ms}), the silence that ends a turn")
         return self
 
     @property
+    def semantic_turns(self) -> bool:
+        return self.turn_detection == "semantic_vad"
+
+    @property
+    def silence_ms(self) -> int:
+        """The silence after which a turn ends whatever else is known."""
+        return self.semantic.longest_pause_ms if self.semantic_turns else self.vad.silence_ms
+
+    @property
     def pause_ms(self) -> int | None:
-        """The pause that starts a speculative response, or None when preemption is off."""
+        """The pause that starts a speculative response and, with semantic turns, judges the turn
+        (semantic turns judge at ``check_ms`` and speculate there too); None: no pause cue."""
+        if self.semantic_turns:
+            return self.semantic.check_ms
         return self.preemptive_generation.pause_ms if self.preemptive_generation.enabled else None

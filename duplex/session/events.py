@@ -286,6 +286,17 @@ def encode_event(event: ServerEvent) -> str:
     return _encoder.encode(event).decode()
 
 
+class TurnJudged(ServerEvent, kw_only=True, tag="duplex.turn.judged"):
+    """Semantic turns: a pause in the caller's turn was judged (``endpoint.py``). Complete: the
+    turn ends now (``input_audio_buffer.speech_stopped`` follows); not: it waits for more."""
+
+    item_id: str
+    audio_end_ms: int  # the end of the speech before the pause
+    probability: float | None  # the end-of-turn model's P(complete); None: no model on this server
+    words_hang: bool  # the turn's last words say it goes on ("um", "and", "the", ...)
+    complete: bool
+
+
 # Client events live in client_events.py (its ``__all__``); the session and the doors reach them
 # here too, as ``ev.SessionUpdate`` and so on.
 from duplex.session.client_events import *  # noqa: E402, F403

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from duplex.session import events as ev
 from duplex.session.config import SessionConfig
+from duplex.session.endpoint import TurnEndModel
 from duplex.session.observe import CallObserver, CallTap, Refusal
 from duplex.session.playout import OutputFormat
 from duplex.session.port import VoiceRuntime
@@ -68,7 +69,8 @@ _REFUSED = {Refusal.OVERLOADED: ServerOverloaded, Refusal.STAGE_DOWN: StageDown}
 
 class SessionManager:
     def __init__(self, runtime: VoiceRuntime, config: SessionConfig, max_sessions: int, model: str,
-                 observer: CallObserver | None = None, admission: Admission | None = None) -> None:
+                 observer: CallObserver | None = None, admission: Admission | None = None,
+                 turn_end: TurnEndModel | None = None) -> None:
         self.runtime = runtime
         self.config = config
         self.max_sessions = max_sessions
@@ -76,6 +78,7 @@ class SessionManager:
         self.observer = observer  # None: nothing watched (no metrics, logs or recordings)
         self.sessions: dict[str, tuple[str, VoiceSession]] = {}  # id -> (transport, session)
         self.admission = admission  # None: only the session count limits new calls
+        self.turn_end = turn_end  # semantic turns' end-of-turn model (None: they judge by words only)
         self.counters = {"opened": 0, "closed": 0, "rejected_full": 0, "rejected_draining": 0,
                          "rejected_overloaded": 0, "rejected_stage_down": 0}
         self.draining = False  # set on SIGTERM: no new sessions, live ones go on
@@ -112,7 +115,8 @@ class SessionManager:
         if self.observer is not None:
             tap = self.observer.open_call(session_id, transport, call_id or session_id, output_format)
             send = _tapped(send, tap, made)
-        session = VoiceSession(session_id, self.runtime, config or self.config, send, output_format)
+        session = VoiceSession(session_id, self.runtime, config or self.config, send, output_format,
+                               turn_end=self.turn_end)
         made.append(session)
         if tap is not None:
             session.tap = tap

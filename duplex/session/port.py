@@ -6,12 +6,14 @@ public contract (``duplex.runtime.contract``); no runtime class is visible from 
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 import msgspec
+import numpy as np
 
-from duplex.runtime.contract import CallerAudio, Item, Request, StageError
+from duplex.runtime.contract import CallerAudio, Item, Request, SessionEnd, StageError
 
 
 class TurnStatus(str, enum.Enum):
@@ -43,3 +45,11 @@ class Turn(Protocol):
 class VoiceRuntime(Protocol):
     def start(self, request: Request) -> Turn: ...
     async def stats(self) -> dict[str, dict]: ...
+
+
+def announce_session_end(runtime: VoiceRuntime, session_id: str) -> None:
+    """Tell the pipeline a session is over, so per-session state (history, cached KV) goes."""
+    try:
+        runtime.start(SessionEnd(session_id=session_id)).feed(CallerAudio(np.zeros(0, np.float32), [], 20), eos=True)
+    except RuntimeError as exc:  # the runtime is shutting down: its state goes with it
+        logging.getLogger("duplex.session").info("session %s: end not announced: %s", session_id, exc)

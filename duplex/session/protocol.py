@@ -24,6 +24,9 @@ def describe_session(session: VoiceSession, model: str) -> dict:
                                    "silence_duration_ms": vad.silence_ms}
     if session.config.turn_detection == "none":
         turn_detection = None
+    elif session.config.semantic_turns:
+        turn_detection = {"type": "semantic_vad", "eagerness": session.config.semantic.eagerness,
+                          "prefix_padding_ms": vad.prefix_padding_ms}
     return {"id": session.session_id, "object": "realtime.session", "type": "realtime", "model": model,
             "instructions": session.config.instructions,
             "output_modalities": ["audio"] if session.items.output_audio else ["text"],
@@ -53,9 +56,14 @@ def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> Sessi
     if detection is None or (isinstance(detection, ev.TurnDetection) and detection.type == "none"):
         data["turn_detection"] = "none"
     elif isinstance(detection, ev.TurnDetection):
-        if detection.type != "server_vad":
-            raise ValueError(f"turn_detection.type {detection.type!r}: server_vad or none (null) are supported")
-        data["turn_detection"] = "server_vad"
+        if detection.type not in ("server_vad", "semantic_vad"):
+            raise ValueError(f"turn_detection.type {detection.type!r}: server_vad, semantic_vad or none (null) "
+                             f"are supported")
+        if detection.eagerness is not None and detection.type != "semantic_vad":
+            raise ValueError("turn_detection.eagerness applies to semantic_vad only")
+        data["turn_detection"] = detection.type
+        if detection.eagerness is not None:
+            data["semantic"]["eagerness"] = detection.eagerness
         if detection.threshold is not None:
             if not 0.0 <= detection.threshold <= 1.0:
                 raise ValueError("turn_detection.threshold must be within 0..1")

@@ -13,14 +13,11 @@ and a new turn begins. With ``barge_in.mode: listen`` the output pauses at the o
 ``overlap.OverlapJudge`` decides: an interruption goes on as above, a backchannel or a noise
 resumes the paused reply where it stopped.
 
-Preemptive generation (``preemptive_generation.enabled``): a pause of ``pause_ms`` closes the
-turn's input, so the pipeline starts answering during the rest of the end-of-turn silence; that
-speculative response's outputs are held. Voice again before the silence completes aborts it and
-the whole turn's audio so far goes into a fresh request (``supersedes`` names the old one); the
-silence completing releases the held outputs at once.
-
-What the caller heard of an interrupted response (its audio and, from the TTS's chunks, its
-words: ``heard.py``) goes with the next request as ``TurnRequest.heard``, for history.
+Preemptive generation: a pause (``SessionConfig.pause_ms``) closes the turn's input and the
+answer starts, held; voice again aborts it and a fresh request (``supersedes`` the old) gets the
+whole turn; the silence completing, or the pause judged the end (``endpoint.py``), releases it.
+What the caller heard of an interrupted reply (audio, words: ``heard.py``) goes with the next
+request as ``TurnRequest.heard``.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import msgspec
 import numpy as np
@@ -37,7 +34,6 @@ from duplex.runtime.contract import (
     AgentAudio,
     AgentText,
     Heard,
-    SessionEnd,
     ToolCallDelta,
     ToolCallDone,
     Transcript,
@@ -49,10 +45,11 @@ from duplex.session.client_items import ClientItems, ClientTurn
 from duplex.session.clock import InputFrames
 from duplex.session.config import SessionConfig
 from duplex.session.echo import EchoGate
-from duplex.session.observe import NO_TAP, CallTap, starved
+from duplex.session.endpoint import EndOfTurnJudge, TurnEndModel, TurnJudgement
+from duplex.session.observe import NO_TAP, CallTap, SessionCounters, starved
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
 from duplex.session.playout import OutputFormat, Playout, PulledFrame
-from duplex.session.port import TurnEnded, TurnEvent, TurnStatus, VoiceRuntime
+from duplex.session.port import TurnEnded, TurnEvent, TurnStatus, VoiceRuntime, announce_session_end
 from duplex.session.reference import OutputReference
 from duplex.session.response import Response
 from duplex.session.states import CALL_TRANSITIONS, CallState, ResponseState, StateMachine
@@ -66,23 +63,10 @@ log = logging.getLogger("duplex.session")
 FEED_MS = 100  # caller audio goes to the runtime in chunks this long while the caller speaks
 
 
-@dataclass
-class SessionCounters:
-    turns: int = 0
-    responses: int = 0
-    barge_ins: int = 0
-    cancelled: int = 0
-    errors: int = 0
-    preemptive_starts: int = 0
-    preemptive_aborts: int = 0
-    preemptive_commits: int = 0
-    resumed: int = 0  # onsets during a reply that were backchannels or noises: it played on
-
-
 class VoiceSession:
     def __init__(self, session_id: str, runtime: VoiceRuntime, config: SessionConfig,
                  send: Callable[[ev.ServerEvent], None], output_format: OutputFormat | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, turn_end: TurnEndModel | None = None) -> None:
         self.session_id = session_id
         self.runtime = runtime
         self.config = config
@@ -110,6 +94,8 @@ class VoiceSession:
         self.items = ClientItems(session_id, self.tell.emit, self.classifier)
         self.tools = SessionTools(self.tell.emit, self._new_item_id)  # function calling (tools.py)
         self.tap: CallTap = NO_TAP  # the server's watch on this call (metrics, recording); see observe.py
+        self.judge = EndOfTurnJudge(config.semantic, turn_end, self._tasks.spawn, self._on_judged)
+        self.judge.reconfigure(config.semantic, config.semantic_turns)
 
     @property
     def state(self) -> CallState:
@@ -152,8 +138,9 @@ class VoiceSession:
         elif isinstance(cue, SpeechStopped):
             self._on_speech_stopped(cue.end_ms)
         elif isinstance(cue, SpeechPaused):
-            self._speculate(cue.end_ms)
+            self._on_pause(cue.end_ms)
         elif isinstance(cue, SpeechResumed):
+            self.judge.forget()
             self._resume(cue.at_ms)
 
     def _on_speech_started(self, onset_ms: int) -> None:
@@ -172,6 +159,7 @@ class VoiceSession:
         self.tools.fence()  # a call still waiting for its result is not answered aloud any more
         user_item = self._new_item_id()
         self.tell.speech_started(user_item, onset_ms)
+        self.judge.new_turn()
         self.counters.turns += 1
         self._request = self._next_request()
         response = self._start(self._request, user_item)
@@ -219,6 +207,7 @@ class VoiceSession:
             open_turn.turn.feed(self.audio.take_pending())
 
     def _on_speech_stopped(self, end_ms: int) -> None:
+        self.judge.forget()
         response = self._response
         if response is None or response.state not in (ResponseState.LISTENING, ResponseState.SPECULATIVE):
             self.audio.close()  # the turn's request failed while the caller spoke: no response
@@ -239,7 +228,24 @@ class VoiceSession:
                 break  # a held failure ended it
             self._apply(response, event)
 
-    # -- preemptive generation ------------------------------------------------------------------
+    # -- preemptive generation, semantic turns --------------------------------------------------
+    def _on_pause(self, end_ms: int) -> None:
+        self._speculate(end_ms)  # pauses are reported only to speculate on (and judge, semantic turns)
+        if self.config.semantic_turns:
+            self.judge.judge(end_ms, self.audio.turn_samples())
+
+    def _on_judged(self, judgement: TurnJudgement) -> None:
+        response = self._response
+        if response is None or response.user_item_id is None or not response.speculative:
+            return  # the turn is over already
+        self.tell.turn_judged(response.user_item_id, judgement)
+        stop = self.detector.end_now(judgement.pause_end_ms) if judgement.complete else None
+        if stop is not None:
+            self.counters.judged_complete += 1
+            self._on_speech_stopped(stop.end_ms)
+        elif not judgement.complete:
+            self.counters.judged_incomplete += 1
+
     def _speculate(self, end_ms: int) -> None:
         """The caller paused: close the turn's input so the answer starts now, but hold it."""
         response = self._response
@@ -304,6 +310,8 @@ class VoiceSession:
 
     def _deliver(self, response: Response, event: TurnEvent) -> None:
         response.timing.saw(event, self._clock())  # when it arrived, held back or not
+        if isinstance(event, Transcript) and response is self._response:
+            self.judge.heard(event.text)  # held or not: the judge reads the turn's words
         if response.holds(event):
             response.held.append(event)
         else:
@@ -394,6 +402,7 @@ class VoiceSession:
         self.classifier.set_aggressiveness(config.vad.aggressiveness)
         if not self.detector.speaking:
             self.detector = TurnDetector.for_session(config)
+        self.judge.reconfigure(config.semantic, config.semantic_turns)
         self.audio.reconfigure(config.vad)
 
     def _interrupt(self, reason: str, onset_time: float | None, audio_end_ms: int | None = None) -> None:
@@ -463,15 +472,8 @@ class VoiceSession:
         self.playout.flush()
         self._call.move(CallState.CLOSED)  # no event: the client is going away
         if self.config.end_of_session_request:
-            self._announce_end()
+            announce_session_end(self.runtime, self.session_id)
         await self._tasks.cancel_all()
-
-    def _announce_end(self) -> None:
-        """Tell the pipeline this session is over, so per-session state (history, cached KV) goes."""
-        try:
-            self.runtime.start(SessionEnd(session_id=self.session_id)).feed(self.audio.empty(), eos=True)
-        except RuntimeError as exc:  # the runtime is shutting down: its state goes with it
-            log.info("session %s: end not announced: %s", self.session_id, exc)
 
     def emit(self, event: ev.ServerEvent) -> None:
         """Send the client an event (the edges' and the protocol's way to speak for the session)."""

@@ -4,7 +4,8 @@ gone on too long. Pure decisions over the per-frame voiced verdicts (``vad.Frame
 stream time (ms of audio pushed), never wall time, so they are tested without a clock.
 
 - start after ``min_speech_ms`` of voiced audio within ``start_window_ms``;
-- end after ``silence_ms`` of unvoiced audio, or once the turn has lasted ``max_turn_s``;
+- end after ``silence_ms`` of unvoiced audio (``vad.silence_ms``; with semantic turns the longest
+  pause, the judge in ``endpoint.py`` ending it sooner), or once it has lasted ``max_turn_s``;
 - with preemptive generation on, a pause of ``pause_ms`` (shorter than ``silence_ms``) is
   reported, so the session can close the turn's input and start the answer while it waits out
   the rest of the silence; voice again after such a pause is reported as a resume.
@@ -22,6 +23,7 @@ from duplex.session.config import SessionConfig, VadConfig
 class StopReason(str, enum.Enum):
     SILENCE = "silence"  # the end-of-turn silence went by
     MAX_LENGTH = "max_length"  # the turn was committed at the longest a turn may last
+    JUDGED = "judged"  # a pause judged to end a complete turn (semantic turns, endpoint.py)
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,11 @@ TurnCue = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
 
 
 class TurnDetector:
-    def __init__(self, config: VadConfig, pause_ms: int | None = None, max_turn_ms: int | None = None) -> None:
+    def __init__(self, config: VadConfig, pause_ms: int | None = None, max_turn_ms: int | None = None,
+                 silence_ms: int | None = None) -> None:
         self.config = config
         self.pause_ms = pause_ms  # None: no pause cues (preemption off)
+        self.silence_ms = config.silence_ms if silence_ms is None else silence_ms
         self.max_turn_ms = max_turn_ms  # None: a turn may last forever
         self.speaking = False
         self.paused = False  # a SpeechPaused was reported and no voiced frame came since
@@ -62,7 +66,7 @@ class TurnDetector:
 
     @classmethod
     def for_session(cls, config: SessionConfig) -> TurnDetector:
-        return cls(config.vad, config.pause_ms, round(1000 * config.max_turn_s))
+        return cls(config.vad, config.pause_ms, round(1000 * config.max_turn_s), config.silence_ms)
 
     def push(self, frame_start_ms: int, voiced: bool) -> TurnCue | None:
         """One frame's verdict; returns the cue this frame completes, if any."""
@@ -78,7 +82,7 @@ class TurnDetector:
             self._unvoiced_ms += frame_ms
         if not self.speaking:
             return self._maybe_start()
-        if self._unvoiced_ms >= self.config.silence_ms:
+        if self._unvoiced_ms >= self.silence_ms:
             self.reset()
             return SpeechStopped(end_ms=self._last_voiced_end_ms)
         if self.pause_ms is not None and not self.paused and self._unvoiced_ms >= self.pause_ms:
@@ -96,6 +100,18 @@ class TurnDetector:
         self.speaking = True
         self._onset_ms = next(start for start, v in self._window if v)
         return SpeechStarted(onset_ms=self._onset_ms)
+
+    @property
+    def pause_end_ms(self) -> int | None:
+        """The end of speech of the pause going on now (it names the pause), or None."""
+        return self._last_voiced_end_ms if self.speaking and self.paused else None
+
+    def end_now(self, pause_end_ms: int) -> SpeechStopped | None:
+        """End the turn in the pause ``pause_end_ms`` (judged complete), if that pause still goes on."""
+        if self.pause_end_ms != pause_end_ms:
+            return None
+        self.reset()
+        return SpeechStopped(end_ms=pause_end_ms, reason=StopReason.JUDGED)
 
     def reset(self) -> None:
         self.speaking = self.paused = False

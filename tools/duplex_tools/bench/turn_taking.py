@@ -1,11 +1,13 @@
 """`duplex bench turn-taking`: turn-taking in the shape of Full-Duplex-Bench v1, per category,
-with barge-in that listens (``barge_in.mode: listen``) side by side with today's "any onset
-interrupts" (``onset``), against one server, in one run.
+three ways side by side against one server, in one run: semantic end of turn
+(``turn_detection: semantic_vad``) with barge-in that listens, the silence rule with barge-in
+that listens, and the first wave's silence rule with "any onset interrupts" (``onset``).
 
-Categories, each a scenario made here and played over WebRTC (espeak-ng speech, noise made at
-run time) ``--rounds`` times per mode:
+Categories, each a scenario made here and played over WebRTC (Piper or espeak-ng speech, noise
+made at run time) ``--rounds`` times per mode:
 
-- ``pause``: the caller pauses 1.2 s mid-sentence; a take-over is a reply in that pause;
+- ``pause``: the caller pauses 1.2 s mid-sentence (plainly, or after "um,"); a take-over is a
+  reply in that pause;
 - ``backchannel``: "uh-huh", "yeah", "okay", "mm-hmm" while the agent talks; a take-over is
   the agent yielding (its reply cut);
 - ``noise``: a cough and a knock-like burst while the agent talks; same take-over;
@@ -26,37 +28,44 @@ from pathlib import Path
 from duplex.edge.rtc_options import use_loopback_candidates
 from duplex_tools.bench.report import percentile, table, write_json
 from duplex_tools.harness import ServerProcess
+from duplex_tools.scenario.audio import PIPER
 from duplex_tools.scenario.measure import ScenarioResult, measure
 from duplex_tools.scenario.model import Scenario
 from duplex_tools.scenario.runner import run_scenario
 
-MODES = {"listen (new)": {"barge_in": {"mode": "listen"}}, "onset (before)": {"barge_in": {"mode": "onset"}}}
-QUESTION = {"say": "Could you tell me a little about your menu today", "expect": {"reply": True}}
+MODES = {"semantic + listen": {"turn_detection": {"type": "semantic_vad"}, "barge_in": {"mode": "listen"}},
+         "silence + listen": {"barge_in": {"mode": "listen"}},
+         "silence + onset (first wave)": {"barge_in": {"mode": "onset"}}}
+QUESTION = {"say": "Could you tell me a little about your menu today?", "expect": {"reply": True}}
+# a pause mid-sentence: plainly, and trailing off in a filler (as people pause to think)
+PAUSES = (("I would like to order a large", "mango tea with pearls please."),
+          ("I would like to order a large, um,", "mango tea with pearls please."))
 OVERLAP_AT = {"agent_heard_s": 1.0}
 BACKCHANNELS = ("uh-huh", "yeah", "okay", "mm-hmm")
 NOISES = ({"noise": 0.3, "noise_kind": "cough"}, {"noise": 0.15, "noise_kind": "white"})
 INTERRUPTIONS = ("Sorry, can I ask something else instead", "Wait, actually I want a different drink")
 
 
-def _scenario(name: str, steps: list[dict], session: dict) -> Scenario:
+def _scenario(name: str, steps: list[dict], session: dict, voice: str) -> Scenario:
+    steps = [{**step, "voice": voice} if "say" in step else step for step in steps]
     return Scenario.model_validate({"name": name, "steps": steps, "session": session,
                                     "expect": {"max_false_interruptions": None}})
 
 
-def scenarios(session: dict) -> list[tuple[str, Scenario]]:
-    """(category, scenario) for one mode."""
-    made = [("pause", _scenario("pause", [{"say": "I would like to order a large", "expect": {"reply": False}},
-                                          {"pause": 1.2}, {"say": "mango tea with pearls please",
-                                                           "expect": {"reply": True}}], session))]
+def scenarios(session: dict, voice: str) -> list[tuple[str, Scenario]]:
+    """(category, scenario) for one mode; every "say" in ``voice``."""
+    made = [("pause", _scenario("pause", [{"say": first, "expect": {"reply": False}}, {"pause": 1.2},
+                                          {"say": rest, "expect": {"reply": True}}], session, voice))
+            for first, rest in PAUSES]
     for word in BACKCHANNELS:
         made.append(("backchannel", _scenario(f"backchannel {word}", [
-            QUESTION, {"say": word, "at": OVERLAP_AT, "expect": {"interrupts": False}}], session)))
+            QUESTION, {"say": word, "at": OVERLAP_AT, "expect": {"interrupts": False}}], session, voice)))
     for noise in NOISES:
         made.append(("noise", _scenario(f"noise {noise['noise_kind']}", [
-            QUESTION, {**noise, "at": OVERLAP_AT, "expect": {"interrupts": False}}], session)))
+            QUESTION, {**noise, "at": OVERLAP_AT, "expect": {"interrupts": False}}], session, voice)))
     for text in INTERRUPTIONS:
         made.append(("interruption", _scenario("interruption", [
-            QUESTION, {"say": text, "at": OVERLAP_AT, "expect": {"interrupts": True, "reply": True}}], session)))
+            QUESTION, {"say": text, "at": OVERLAP_AT, "expect": {"interrupts": True, "reply": True}}], session, voice)))
     return made
 
 
@@ -108,21 +117,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                 "barge-in that listens vs any onset interrupts")
     parser.add_argument("--config", default="toy-voice", help="pipeline to serve (default: toy-voice)")
     parser.add_argument("--rounds", type=int, default=3, help="times each scenario is played per mode")
+    parser.add_argument("--voice", default=PIPER, help="the caller's voice: piper (default; the local "
+                        "pipeline's Piper voice) or an espeak-ng voice such as en-us")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", help="write a PNG of the take-over rates and latencies here")
     parser.set_defaults(func=run, takes_overrides=False)
 
 
-async def _measure(url: str, rounds: int) -> dict[str, dict[str, Category]]:
+async def _measure(url: str, rounds: int, voice: str) -> dict[str, dict[str, Category]]:
     results: dict[str, dict[str, Category]] = {}
     for mode, session in MODES.items():
         categories: dict[str, Category] = {}
-        made = scenarios(session)
+        made = scenarios(session, voice)
         for round_ in range(rounds):
             for n, (category, scenario) in enumerate(made, 1):
                 recording = await run_scenario(scenario, url, exclusive=True)
-                categories.setdefault(category, Category()).add(category, measure(scenario, recording))
-                print(f"  {mode}: round {round_ + 1}/{rounds}, scenario {n}/{len(made)} ({scenario.name})",
+                result = measure(scenario, recording)
+                categories.setdefault(category, Category()).add(category, result)
+                failed = f": failed: {result.error}" if result.error else ""
+                print(f"  {mode}: round {round_ + 1}/{rounds}, scenario {n}/{len(made)} ({scenario.name}){failed}",
                       file=sys.stderr, flush=True)
         results[mode] = categories
     return results
@@ -132,8 +145,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     use_loopback_candidates(True)
     print(f"starting `duplex serve --config {args.config}` ...", file=sys.stderr, flush=True)
     with ServerProcess(["--config", args.config, "--port", "0", "--ice-loopback"]) as server:
-        measured = asyncio.run(_measure(server.url, args.rounds))
-    report = {"config": args.config, "rounds": args.rounds,
+        measured = asyncio.run(_measure(server.url, args.rounds, args.voice))
+    report = {"config": args.config, "rounds": args.rounds, "voice": args.voice,
               "modes": {mode: {c: cat.summary() for c, cat in cats.items()} for mode, cats in measured.items()}}
     rows = []
     for mode, cats in report["modes"].items():

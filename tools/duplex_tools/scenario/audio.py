@@ -1,4 +1,4 @@
-"""The caller's audio for each step, made at run time: espeak-ng speech, WAV files, noise
+"""The caller's audio for each step, made at run time: espeak-ng (or Piper) speech, WAV files, noise
 bursts (white, or a cough-like burst), silence. All float32 mono at 48 kHz."""
 
 from __future__ import annotations
@@ -15,9 +15,24 @@ from duplex_tools.scenario.model import Scenario, Step
 NOISE_RMS = 0.3
 
 
+PIPER = "piper"  # a step's voice: the local pipeline's Piper voice (needs setup.sh --local), not espeak-ng
+
+
 @lru_cache(maxsize=128)
 def _speech(text: str, voice: str, words_per_minute: int) -> np.ndarray:
+    if voice == PIPER:
+        return _piper(text)
     return espeak(text, rate=RATE, voice=voice, words_per_minute=words_per_minute)
+
+
+def _piper(text: str) -> np.ndarray:
+    """Piper without its noise: the same samples every run (its prosody is nearer a person's,
+    which an end-of-turn model listening to the sound needs)."""
+    from duplex.models.local.assets import piper_voice_paths
+    from duplex.models.local.tts import PiperSynth
+
+    synth = PiperSynth(*piper_voice_paths(), noise_scale=0.0, noise_w_scale=0.0)
+    return resample(synth.synthesize(text), synth.sample_rate, RATE).astype(np.float32)
 
 
 def step_audio(scenario: Scenario, step: Step, seed: int = 0) -> np.ndarray:

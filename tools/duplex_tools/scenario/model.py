@@ -77,7 +77,7 @@ class Step(_Strict):
     pause: float | None = Field(None, gt=0, le=60)  # seconds of silence
     noise_kind: Literal["white", "cough"] = "white"
     level: float = Field(1.0, gt=0, le=4)  # gain on speech and WAVs; RMS of noise is 0.3 * level
-    voice: str = "en-us"  # espeak-ng voice
+    voice: str = "en-us"  # espeak-ng voice, or "piper" (the local pipeline's Piper voice)
     words_per_minute: int = Field(165, ge=80, le=450)
     label: str | None = None
     at: Trigger | None = None

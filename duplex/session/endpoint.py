@@ -1,0 +1,99 @@
+"""Semantic end of turn (``turn_detection: semantic_vad``): is a pause the end of the caller's
+turn? At a pause of ``semantic.check_ms`` the judge asks the server's ``TurnEndModel`` (Smart
+Turn: the sound of the turn's last seconds) and looks at the turn's last words (from the ASR's
+transcripts); the turn is complete when the model's probability reaches the eagerness'
+threshold and the words do not hang ("I'd like a large, um"). A complete turn ends at once; one
+that is not waits, up to the longest pause (``TurnDetector.silence_ms``).
+
+The model runs off the event loop (it is awaited in a session task) and its verdict arrives a
+few frames later; it counts only if the pause it was asked about still goes on then.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from duplex.session.config import SemanticTurnConfig
+
+
+class TurnEndModel(Protocol):
+    """P(turn complete) from the turn's audio (float32 16 kHz mono, the last seconds count)."""
+
+    def prepare(self) -> None: ...  # a session will judge turns: get ready (returns at once)
+    async def complete_probability(self, audio: np.ndarray) -> float: ...
+
+
+# Words an English turn rarely ends on: fillers, articles, conjunctions, prepositions, possessives,
+# a contraction or verb waiting for the rest. Kept short: a word here vetoes the model's "complete".
+HANGING_WORDS = frozenset(("um", "uh", "er", "erm", "ah", "the", "a", "an", "and", "but", "or", "because", "if",
+                           "than", "to", "of", "for", "with", "at", "from", "by", "about", "into", "my", "your",
+                           "our", "their", "its", "i'd", "i'm", "i'll", "we're", "you're", "want", "like", "is"))
+_WORD = re.compile(r"[a-z']+")
+
+
+def last_word_hangs(text: str) -> bool:
+    words = _WORD.findall(text.lower())
+    return bool(words) and words[-1] in HANGING_WORDS
+
+
+@dataclass(frozen=True)
+class TurnJudgement:
+    pause_end_ms: int  # the end of speech of the pause judged
+    probability: float | None  # the model's P(complete); None: no model on this server
+    words_hang: bool  # the turn's last words say it is not over
+    complete: bool
+
+
+class EndOfTurnJudge:
+    def __init__(self, config: SemanticTurnConfig, model: TurnEndModel | None,
+                 spawn: Callable[[Coroutine[Any, Any, None]], None],
+                 settle: Callable[[TurnJudgement], None]) -> None:
+        self.config = config
+        self.model = model
+        self._spawn = spawn
+        self._settle = settle  # called once per judged pause, on the event loop
+        self._words = ""  # the turn's latest transcript
+        self._asked: int | None = None  # the pause being judged
+
+    def reconfigure(self, config: SemanticTurnConfig, judging: bool) -> None:
+        """``judging``: the session's turns are semantic from now on."""
+        self.config = config
+        if judging and self.model is not None:
+            self.model.prepare()
+
+    def heard(self, text: str) -> None:
+        """The ASR's latest transcript of the turn (interim or final)."""
+        if text:
+            self._words = text
+
+    def judge(self, pause_end_ms: int, audio: np.ndarray) -> None:
+        """A pause of ``check_ms`` in the turn: judge it (now, or when the model answers)."""
+        self._asked = pause_end_ms
+        if self.model is None:
+            self._decide(pause_end_ms, None)
+            return
+        self._spawn(self._ask(pause_end_ms, audio))
+
+    def forget(self) -> None:
+        """The turn ended or the caller spoke again: no verdict pending counts any more."""
+        self._asked = None
+
+    def new_turn(self) -> None:
+        self._asked, self._words = None, ""
+
+    async def _ask(self, pause_end_ms: int, audio: np.ndarray) -> None:
+        assert self.model is not None
+        probability = await self.model.complete_probability(audio)
+        if self._asked == pause_end_ms:
+            self._decide(pause_end_ms, probability)
+
+    def _decide(self, pause_end_ms: int, probability: float | None) -> None:
+        hangs = last_word_hangs(self._words)
+        sounds_complete = probability is None or probability >= self.config.complete_at
+        self._asked = None
+        self._settle(TurnJudgement(pause_end_ms, probability, hangs, sounds_complete and not hangs))
