@@ -139,3 +139,18 @@ def test_repeated_failures_from_one_address_get_429():
         assert limited.status_code == 429 and limited.json()["error"]["type"] == "rate_limit_error"
         assert int(limited.headers["retry-after"]) >= 1
     assert proc.stop() == 0
+
+
+async def test_a_refused_offer_does_not_spend_the_client_secret(server, loopback_candidates):
+    secret, _ = await mint(server.url)
+    async with http(server.url, secret) as holder:  # a malformed offer: refused before any call exists
+        reply = await holder.post("/v1/realtime/calls", content="v=0", headers={"Content-Type": "application/sdp"})
+        assert reply.status_code == 400, reply.text
+    client = RealtimeClient(server.url, api_key=secret)
+    await client.connect()  # the same secret still opens its one call ...
+    try:
+        async with http(server.url, secret) as holder:  # ... and only one
+            again = await holder.post("/v1/realtime/calls", content="v=0", headers={"Content-Type": "application/sdp"})
+            assert again.status_code == 401 and again.json()["error"]["code"] == "client_secret_used"
+    finally:
+        assert await client.hang_up() == 204

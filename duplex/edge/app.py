@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections.abc import Callable
 from importlib.resources import files
@@ -73,6 +74,7 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
         try:
             _check_rate(rates["websocket"], websocket, edge.limit_loopback)
         except RateLimited as exc:
+            access.release(credential)
             await refuse_rate_limited(websocket, exc)
             return
         connection_id = f"ws_{secrets.token_hex(16)}"
@@ -118,20 +120,15 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
 
     @app.post(CALLS_PATH)
     async def create_call(request: Request) -> Response:
+        credential = _credential(request)
         try:
             _check_rate(rates["webrtc"], request, edge.limit_loopback)
             call = await read_call_request(request)
-            credential = _credential(request)
             opened, answer = await gateway.answer(call.sdp, call.settings or credential.settings)
             access.opened(opened.id, credential, live)
-        except RateLimited as exc:
-            return _error(429, str(exc), "rate_limit_error", {"Retry-After": str(exc.retry_after)})
-        except SignallingError as exc:
-            return _error(exc.status, str(exc))
-        except SessionsFull as exc:
-            return _error(503, str(exc), "server_busy", {"Retry-After": "5"})
-        except OfferError as exc:
-            return _error(400, str(exc))
+        except (RateLimited, SignallingError, SessionsFull, OfferError) as exc:
+            access.release(credential)  # refused: a client secret is not spent on it
+            return _refusal(exc)
         return Response(answer, status_code=201, media_type="application/sdp",
                         headers={"Location": f"{CALLS_PATH}/{opened.path_id}"})
 
@@ -187,6 +184,16 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
         return JSONResponse(view if detail else redact(view))
 
     return app
+
+
+def _refusal(exc: RateLimited | SignallingError | SessionsFull | OfferError) -> Response:
+    if isinstance(exc, RateLimited):
+        return _error(429, str(exc), "rate_limit_error", {"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, SignallingError):
+        return _error(exc.status, str(exc))
+    if isinstance(exc, SessionsFull):
+        return _error(503, str(exc), "server_busy", {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
+    return _error(400, str(exc))
 
 
 def _check_rate(rate: CallRate, request: Request | WebSocket, limit_loopback: bool) -> None:

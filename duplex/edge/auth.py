@@ -156,6 +156,15 @@ class Access:
         if credential.kind == "secret":
             self._secrets[credential.id.removeprefix("secret:")].call_id = call_id
 
+    def release(self, credential: Credential) -> None:
+        """The call ``credential`` came to open was refused (rate limit, server full, bad offer):
+        a client secret spent on it may open a call again, so a Retry-After can be kept."""
+        if credential.kind != "secret":
+            return
+        secret = self._secrets.get(credential.id.removeprefix("secret:"))
+        if secret is not None and secret.call_id is None:
+            secret.used = False
+
     def check_owner(self, call_id: str, credential: Credential) -> None:
         """Raises AuthError 403 unless ``credential`` opened the call (a call nobody recorded
         answers as not found, to its caller)."""
