@@ -6,7 +6,9 @@ Whisper is not a streaming model, so streaming is a policy on top of it:
   ``partial_interval_s`` of new speech, and as soon as ``settle_s`` of silence follows speech
   (the likely end of the turn, before the session's VAD has decided it);
 - at end of speech (the request's last audio chunk), if nothing but silence arrived since the
-  last partial, that partial IS the final transcript and no model call is left to wait for.
+  last partial, that partial IS the final transcript and no model call is left to wait for;
+- with more than ``partial_speakers`` callers speaking at once, each one's partials come less
+  often (the interval grows with the crowd): under load the cores go to the finals first.
 
 "Speech" here is the session's own voice-activity decision, which each ``CallerAudio`` chunk
 carries per frame: one decision per frame, the same one the session ended the turn on.
@@ -21,6 +23,8 @@ window by window, so one call never sees more than ~30 s.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,11 @@ class StreamingPolicy:
     window_step_s: float = 5.0
     commit_after_s: float = 25.0
     min_speech_s: float = 0.09  # voiced audio that counts as "speech happened"
+    # Partials are a luxury (a warm thinker prefill, a live caption); finals are the critical
+    # path. With more callers speaking at once than this, each one's partials come that much
+    # less often, so the stage's cores go to the finals (and the thinker) first.
+    partial_speakers: int = 2
+    speaking_window_s: float = 1.0  # a request fed within this long counts as speaking now
 
 
 class WhisperTranscriber:
@@ -93,21 +102,25 @@ class StreamingASR:
     last chunk, the final ``Transcript(final=True)`` as its eos output.
     """
 
-    def __init__(self, transcriber: WhisperTranscriber, policy: StreamingPolicy | None = None) -> None:
+    def __init__(self, transcriber: WhisperTranscriber, policy: StreamingPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.transcriber = transcriber
         self.policy = policy or StreamingPolicy()
         self.calls = 0  # model calls made (benchmarks and tests read it)
+        self._clock = clock
+        self._speaking: dict[int, float] = {}  # id(request state) -> when it was last fed
 
     def __call__(self, items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
         due: list[tuple[int, dict]] = []
         outputs: list[list[Any]] = [[] for _ in items]
+        interval_s = self._partial_interval(states, [item.eos for item in items])
         for row, (item, state) in enumerate(zip(items, states)):
             typed = typed_text(item)
             if typed is not None:  # a typed turn: its text is the transcript, nothing to recognise
                 state["text"] = typed
                 continue
             self._append(state, item.data)
-            if self._needs_call(state, final=item.eos):
+            if self._needs_call(state, final=item.eos, interval_s=interval_s):
                 due.append((row, state))
         self._transcribe_due(due)
         for row, (item, state) in enumerate(zip(items, states)):
@@ -135,7 +148,20 @@ class StreamingASR:
         state["audio"] = np.concatenate([state["audio"], np.asarray(data.samples, np.float32).reshape(-1)])
         state["voiced"].extend(data.voiced)
 
-    def _needs_call(self, state: dict, final: bool) -> bool:
+    def _partial_interval(self, states: list[dict], ends: list[bool]) -> float:
+        """The partial interval now: the policy's, stretched by how many callers speak at once."""
+        now = self._clock()
+        for state, eos in zip(states, ends):
+            if eos:
+                self._speaking.pop(id(state), None)
+            else:
+                self._speaking[id(state)] = now
+        horizon = now - self.policy.speaking_window_s
+        self._speaking = {key: seen for key, seen in self._speaking.items() if seen >= horizon}
+        crowd = len(self._speaking) / max(1, self.policy.partial_speakers)
+        return self.policy.partial_interval_s * max(1.0, crowd)
+
+    def _needs_call(self, state: dict, final: bool, interval_s: float) -> bool:
         policy = self.policy
         frame = state.get("frame", SAMPLE_RATE)
         new_voiced = state["voiced"][state["done"] // frame:]
@@ -146,7 +172,7 @@ class StreamingASR:
         if sum(new_voiced) * frame < policy.min_speech_s * SAMPLE_RATE:
             return False  # nothing new was said (Whisper makes words up from silence: "I")
         new_seconds = (len(state["audio"]) - state["done"]) / SAMPLE_RATE
-        return new_seconds >= policy.partial_interval_s
+        return new_seconds >= interval_s
 
     def _settled(self, new_voiced: list[bool], frame: int) -> bool:
         settle_frames = math.ceil(self.policy.settle_s * SAMPLE_RATE / frame)

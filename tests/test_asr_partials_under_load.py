@@ -1,0 +1,66 @@
+"""The streaming ASR's partials give way under load (``StreamingPolicy.partial_speakers``): with
+one or two callers speaking, a partial follows every ``partial_interval_s`` of new speech; with six
+at once each one's partials come three times less often, and every final transcript is still made.
+A transcriber that counts its clips stands in for Whisper: what is tested is the policy (which
+clips are transcribed when), on a clock the test moves."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from duplex.models.local.asr import StreamingASR, StreamingPolicy
+from duplex.runtime.contract import CallerAudio, Transcript, WorkItem
+
+CHUNK_S = 0.1  # the session feeds 100 ms at a time
+SPEECH_S = 6.0
+
+
+class CountingTranscriber:
+    def __init__(self) -> None:
+        self.clips = 0
+
+    def transcribe(self, clips: list[np.ndarray], window_frames: int) -> list[str]:
+        self.clips += len(clips)
+        return [f"words {len(clip)}" for clip in clips]
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _speech_chunk() -> CallerAudio:
+    samples = np.full(int(CHUNK_S * 16000), 0.1, np.float32)
+    return CallerAudio(samples, [True] * 5, 20)
+
+
+def _speak_together(callers: int) -> tuple[int, list[list[Transcript]]]:
+    """``callers`` requests streaming speech side by side, one chunk each per step, then their ends;
+    (clips transcribed, what each request emitted)."""
+    transcriber, clock = CountingTranscriber(), Clock()
+    asr = StreamingASR(transcriber, StreamingPolicy(partial_interval_s=1.0, partial_speakers=2), clock=clock)  # type: ignore[arg-type]
+    states: list[dict] = [{} for _ in range(callers)]
+    emitted: list[list[Transcript]] = [[] for _ in range(callers)]
+    steps = round(SPEECH_S / CHUNK_S)
+    for step in range(steps + 1):
+        eos = step == steps
+        items = [WorkItem(f"r{n}", "client", _speech_chunk(), eos) for n in range(callers)]
+        for n, out in enumerate(asr(items, states)):
+            emitted[n] += out
+        clock.now += CHUNK_S
+    return transcriber.clips, emitted
+
+
+def test_partials_come_at_the_interval_for_a_few_callers_and_less_often_for_a_crowd():
+    clips_alone, (alone,) = _speak_together(1)
+    clips_pair, pair = _speak_together(2)
+    clips_crowd, crowd = _speak_together(6)
+    partials = lambda out: sum(not t.final for t in out)
+    assert partials(alone) == SPEECH_S / 1.0 and all(partials(out) == partials(alone) for out in pair)
+    assert all(partials(out) == SPEECH_S / 3.0 for out in crowd)  # 6 speakers / 2: every 3 s
+    for out in [alone, *pair, *crowd]:  # every request still gets its final transcript
+        assert out[-1].final and out[-1].text
+    assert clips_crowd / 6 < clips_alone / 2  # per caller, well under half the model's work
+    assert clips_pair == 2 * clips_alone
