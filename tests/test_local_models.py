@@ -5,6 +5,8 @@ as real stage processes)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -196,6 +198,35 @@ def test_batched_rows_reply_exactly_as_alone(scheduler):
         scheduler.inbox.put(user_turn(f"pair-{rid}", text, session_id=f"pair-{rid}"))
     together = collect(scheduler, {"pair-a", "pair-b"})
     assert {rid: _reply(together[f"pair-{rid}"]) for rid in questions} == alone
+    # with a prefill budget of one token a step, each step prefills one row (the other waits a
+    # step, decoding meanwhile where it can), and the replies are still exactly as alone
+    runner = scheduler.runner
+    roomy = runner.settings
+    runner.settings = dataclasses.replace(roomy, prefill_tokens_per_step=1)
+    try:
+        for rid, text in questions.items():
+            scheduler.inbox.put(user_turn(f"lean-{rid}", text, session_id=f"lean-{rid}"))
+        lean = collect(scheduler, {"lean-a", "lean-b"})
+    finally:
+        runner.settings = roomy
+    assert {rid: _reply(lean[f"lean-{rid}"]) for rid in questions} == alone
+
+
+def test_a_step_prefills_within_its_token_budget_and_the_row_left_out_goes_next(runner):
+    lean = dataclasses.replace(runner.settings, prefill_tokens_per_step=1)
+    roomy, runner.settings = runner.settings, lean
+    try:
+        for slot, text in enumerate(("What toppings do you have?", "How much is a large taro milk tea?")):
+            runner.open(slot, f"budget-{slot}", TurnRequest(session_id=f"budget-{slot}"))
+            runner.feed(slot, "client", Transcript(text, final=True), eos=True)
+        first = runner.plan([0, 1])
+        assert [job.slot for job in first.prefill] == [0] and runner.ready(1)
+        second = runner.plan([1])
+        assert [job.slot for job in second.prefill] == [1]
+    finally:
+        runner.settings = roomy
+        for slot in (0, 1):
+            runner.close(slot)
 
 
 def test_abort_mid_reply_frees_the_slot_and_keeps_history_clean(scheduler, runner):

@@ -60,6 +60,10 @@ class ThinkerSettings:
     top_k: int = 40
     cached_sessions: int = 8  # conversations whose KV is kept between turns
     speech_chars_per_s: float = 15.0  # the TTS voice's speaking rate (Piper joe, measured ~15)
+    # Prefill tokens one step computes (at least one row's): when many turns end at once, the
+    # first rows start decoding (and speaking) while later ones wait a step, instead of every
+    # row waiting for all prefills. Finals go before the interim (warm) prefills.
+    prefill_tokens_per_step: int = 256
 
 
 @dataclass
@@ -84,6 +88,23 @@ class _Prefill:
     start: int
     tokens: list[int]  # computed from ``start``
     request: Request
+    resident_before: list[int] = field(default_factory=list)  # the row's slot tokens before this job
+
+
+class _PrefillBudget:
+    """Prefill tokens left in one step; the first job always fits (no row waits forever)."""
+
+    def __init__(self, tokens: int) -> None:
+        self.left = tokens
+        self.jobs = 0
+
+    def take(self, job: _Prefill, row: _Row) -> _Prefill | None:
+        if self.jobs and job.tokens and len(job.tokens) > self.left:
+            row.resident = job.resident_before  # not computed: the slot holds what it held
+            return None
+        self.left -= len(job.tokens)
+        self.jobs += 1
+        return job
 
 
 @dataclass(frozen=True)
@@ -183,21 +204,29 @@ class GemmaThinker:
         return row.planned_tokens < self._token_limit(row)
 
     def plan(self, slots: list[int]) -> _Plan:
-        prefill, decode, empty, warm = [], [], [], []
+        prefill, decode, empty, warm, speaking = [], [], [], [], []
+        budget = _PrefillBudget(self.settings.prefill_tokens_per_step)
         for slot in slots:
             row = self._rows[slot]
-            if row.user_text is None:  # still speaking: prefill the interim transcript
-                warm.append(self._plan_prefill(slot, row, row.interim or []))
-                row.interim = None
+            if row.user_text is None:  # still speaking: its interim transcript may be prefilled
+                speaking.append(slot)
             elif not row.user_text:
                 empty.append(slot)
                 row.planned_tokens = self._token_limit(row)
             elif row.planned_tokens == 0:
-                prefill.append(self._plan_prefill(slot, row, row.prompt))
-                row.planned_tokens = 1
+                job = budget.take(self._plan_prefill(slot, row, row.prompt), row)
+                if job is not None:  # else it waits for the next step
+                    prefill.append(job)
+                    row.planned_tokens = 1
             else:
                 decode.append((slot, len(self._prefix_ids) + len(row.prompt) + row.planned_tokens - 1, row.request))
                 row.planned_tokens += 1
+        for slot in speaking:
+            row = self._rows[slot]
+            job = budget.take(self._plan_prefill(slot, row, row.interim or []), row)
+            if job is not None:
+                warm.append(job)
+                row.interim = None
         return _Plan(prefill, decode, empty, warm)
 
     def _plan_prefill(self, slot: int, row: _Row, prompt: list[int]) -> _Prefill:
@@ -205,7 +234,7 @@ class GemmaThinker:
         interim prefill, the session's cached conversation, or the persona's."""
         tokens = self._prefix_ids + prompt
         if tokens == row.resident:  # an interim prefill computed exactly these: its token stands
-            return _Prefill(slot, [], len(tokens), [], row.request)
+            return _Prefill(slot, [], len(tokens), [], row.request, row.resident)
         reused, start = self._prefix, len(self._prefix_ids)
         cached = self.conversations.get(row.session_id)
         if cached is not None:
@@ -216,8 +245,9 @@ class GemmaThinker:
         in_slot = min(_common_prefix(row.resident, tokens), len(tokens) - 1)
         if in_slot >= start:
             reused, start = [], in_slot  # already in the slot: nothing to copy
+        job = _Prefill(slot, reused, start, tokens[start:], row.request, row.resident)
         row.resident = tokens
-        return _Prefill(slot, reused, start, tokens[start:], row.request)
+        return job
 
     def resolve(self, plan: _Plan, raw: dict[int, int]) -> dict[int, RowOutput]:
         outputs = {slot: RowOutput(done=True) for slot in plan.empty}
