@@ -141,3 +141,16 @@ def test_frame_quality_counts_gaps_and_late_arrivals():
     quality = frame_quality(rec, late_ms=60)
     assert (quality.heard, quality.lost, quality.late, quality.mic_stalls) == (97, 3, 1, 1)
     assert quality.max_lateness_ms == pytest.approx(100.0)
+
+
+def test_the_next_replys_audio_heard_before_its_started_event_is_not_the_cut_ones(tmp_path):
+    scenario = load_scenario(write(tmp_path, "early", """
+steps:
+  - {say: question, expect: {reply: true}}
+  - {say: stop, at: {agent_heard_s: 1}, expect: {interrupts: true, max_stop_ms: 300, reply: true}}
+"""))
+    rec = _recording()
+    # Reply b's first frames arrive at 4.3 s, before its output_audio_buffer.started (4.4 s).
+    rec.heard = [(at, 0.1 if 4.3 <= at < 4.4 else rms, pts) for at, rms, pts in rec.heard]
+    (second,) = measure(scenario, rec).steps[1:]
+    assert second.stop_ms == pytest.approx(140.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from duplex_tools.bench import barge_in, doors, load, pipeline, relay, turn, turn_taking
+from duplex_tools.bench import barge_in, doors, load, pipeline, relay, soak, turn, turn_taking
 from duplex_tools.scenario import cli as scenario
 
 
@@ -16,6 +16,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     pipeline.add_parser(bench)
     turn.add_parser(bench)
     load.add_parser(bench)
+    soak.add_parser(bench)
     doors.add_parser(bench)
     turn_taking.add_parser(bench)
 

@@ -95,7 +95,7 @@ async def bench(url: str, levels: list[int], caller: Scenario, args: argparse.Na
 
 
 async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stagger_s: float, late_ms: float) -> dict:
-    server = await _server_processes(url)
+    server = await server_processes(url)
     client = psutil.Process()
     before = _cpu_seconds(server), _cpu_seconds([client]), time.monotonic(), _machine_busy_seconds()
     calls: list[dict] = []
@@ -113,7 +113,7 @@ async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stag
     server_cpu = _cpu_seconds(server) - before[0] if server else None
     client_cpu = _cpu_seconds([client]) - before[1]
     machine_busy = _machine_busy_seconds() - before[3]
-    leftover = await _leftover(url)
+    left = await leftover(url)
     ttfb = [v for c in calls for v in c["result"].ttfb_ms]
     stop = [v for c in calls for v in c["result"].stop_ms]
     heard = sum(c["frames"].heard for c in calls)
@@ -121,7 +121,7 @@ async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stag
         "sessions": sessions, "calls": len(calls), "calls_ok": sum(c["result"].passed for c in calls),
         "calls_failed": sum(not c["result"].passed for c in calls),
         "errors": sorted({c["error"][:160] for c in calls if c["error"]}),
-        "ttfb_ms": _spread(ttfb), "stop_ms": _spread(stop),
+        "ttfb_ms": spread(ttfb), "stop_ms": spread(stop),
         "false_interruptions": sum(c["result"].false_interruptions for c in calls),
         "calls_dropped": sum(c["dropped"] for c in calls),  # the server had ended the call before our hang-up
         "frames_heard": heard, "frames_lost": sum(c["frames"].lost for c in calls),
@@ -132,7 +132,7 @@ async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stag
         "server_cpu_cores": None if server_cpu is None else round(server_cpu / wall, 3),
         "client_cpu_cores": round(client_cpu / wall, 3), "machine_cores": os.cpu_count(),
         "machine_busy_cores": round(machine_busy / wall, 3),  # everything on the host, other work included
-        "left_behind": leftover,
+        "left_behind": left,
     }
 
 
@@ -140,7 +140,7 @@ def _ms(value: float, unit: str = " ms") -> str:
     return "-" if value != value else f"{value:.0f}{unit}"  # NaN: no samples at this level
 
 
-def _spread(values: list[float]) -> dict:
+def spread(values: list[float]) -> dict:
     return {"n": len(values), "p50": percentile(values, 50), "p95": percentile(values, 95),
             "p99": percentile(values, 99), "max": max(values) if values else float("nan")}
 
@@ -179,7 +179,7 @@ def render(rows: list[dict], knee: int | None) -> str:
     return table(headers, body) + "\n" + "\n".join(notes)
 
 
-async def _server_processes(url: str) -> list[psutil.Process]:
+async def server_processes(url: str) -> list[psutil.Process]:
     """The server's edge process and its stage processes, if they run on this host."""
     if not is_loopback_url(url):
         return []
@@ -219,7 +219,7 @@ def _cpu_seconds(processes: list[psutil.Process]) -> float:
     return total
 
 
-async def _leftover(url: str) -> dict:
+async def leftover(url: str) -> dict:
     stats = ServerStats(url)
     try:
         await stats.wait_idle(timeout=10.0, no_sessions=True)

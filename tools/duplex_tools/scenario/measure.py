@@ -270,8 +270,11 @@ def _is_false_cut(scenario: Scenario, rec: Recording, at: float) -> bool:
 
 
 def _stop_ms(rec: Recording, onset: float) -> float:
-    next_reply = rec.events_of("output_audio_buffer.started", since=onset)
-    cutoff = min(onset + STOP_WINDOW_S, next_reply[0][0] if next_reply else float("inf"))
+    # The next reply's audio can reach the client before its output_audio_buffer.started (RTP
+    # and the data channel race on a loaded box), never before its response.created.
+    next_reply = [at for kind in ("response.created", "output_audio_buffer.started")
+                  for at, _ in rec.events_of(kind, since=onset)[:1]]
+    cutoff = min([onset + STOP_WINDOW_S, *next_reply])
     loud = rec.loud_heard(onset, cutoff)
     return round(1000 * (max(loud) + FRAME_S - onset), 1) if loud else 0.0
 
