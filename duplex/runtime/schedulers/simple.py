@@ -125,8 +125,9 @@ class SimpleScheduler(Scheduler):
                     batch.append(item)
                     taken.add(item.request_id)
                     key = item_key
-                else:
+                else:  # this request's later items wait behind it: a request's items stay in order
                     kept.append(item)
+                    taken.add(item.request_id)
             self._waiting = kept
             for item in batch:
                 self._states.setdefault(item.request_id, {})
