@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 
 SEMANTIC = {"turn_detection": {"type": "semantic_vad", "eagerness": "auto"}}
 LONGEST_MS = SessionConfig(turn_detection="semantic_vad").silence_ms
+WARM_UP_TURNS = 6  # the server loads the model when a session first wants it (seconds on a cold machine)
 PAUSE_S = 1.2  # mid-sentence: over the plain VAD's 500 ms silence, under the semantic longest pause
 
 
@@ -41,7 +42,24 @@ def server():
         yield proc
 
 
-async def test_a_finished_sentence_ends_the_turn_at_the_judged_pause(server):
+@pytest.fixture
+async def warm(server):
+    """Turns until one is judged: until then the model was still loading and each turn ended by
+    the longest pause instead (a judgement that comes after the turn ended is not sent)."""
+    for _ in range(WARM_UP_TURNS):
+        client = RealtimeClient(server.url)
+        await client.connect(session=SEMANTIC)
+        try:
+            client.mic.play(np.concatenate([_gap(0.4), _voice("Tell me a joke."), _gap(0.5 + LONGEST_MS / 1000)]))
+            await client.wait_event("input_audio_buffer.speech_stopped", timeout=30)
+            if client.of_type("duplex.turn.judged"):
+                return server
+        finally:
+            await client.hang_up()
+    raise AssertionError(f"no turn was judged in {WARM_UP_TURNS} turns: the end-of-turn model never loaded")
+
+
+async def test_a_finished_sentence_ends_the_turn_at_the_judged_pause(server, warm):
     client = RealtimeClient(server.url)
     await client.connect(session=SEMANTIC)
     try:
@@ -60,7 +78,7 @@ async def test_a_finished_sentence_ends_the_turn_at_the_judged_pause(server):
         assert await client.hang_up() == 204
 
 
-async def test_a_sentence_trailing_off_waits_past_the_vad_silence_and_one_reply_answers_it_all(server):
+async def test_a_sentence_trailing_off_waits_past_the_vad_silence_and_one_reply_answers_it_all(server, warm):
     client = RealtimeClient(server.url)
     await client.connect(session=SEMANTIC)
     try:
