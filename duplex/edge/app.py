@@ -46,7 +46,8 @@ def _credential(request: Request | WebSocket) -> Credential:
 def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCGateway,
                other_edges: dict[str, Callable[[], dict]] | None = None, web_dir: Path = WEB_DIR,
                access: Access | None = None, limits: RealtimeLimits | None = None) -> FastAPI:
-    """``other_edges``: stats providers of further transports (e.g. SIP), shown in /duplex/stats.
+    """``other_edges``: stats providers of further parts (SIP, Twilio, the edge process's memory),
+    shown in /duplex/stats.
     ``access``: who may use it (``auth.py``; open by default); ``limits``: of WebSocket sessions."""
     app = FastAPI(title="duplex", docs_url=None, redoc_url=None)
     access = access or Access(AccessConfig())

@@ -27,6 +27,7 @@ from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.lifecycle import StopSignals
 from duplex.runtime.load import LoadMonitor
 from duplex.server.admission import LoadAdmission
+from duplex.server.memory import MemoryKeeper
 from duplex.server.runtime_adapter import CoordinatorRuntime
 from duplex.server.turn_end import load_turn_end_model
 from duplex.server.watch import ServerWatch, WatchConfig
@@ -65,7 +66,8 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     gateway = WebRTCGateway(sessions, edge)
     phones = phone_edges.PhoneEdges(phone or phone_edges.PhoneConfig(), sessions)
     use_loopback_candidates(edge.ice_loopback)
-    app = create_app(runtime, sessions, gateway, other_edges=phones.stats_providers(),
+    memory = MemoryKeeper(ended=lambda: sessions.counters["closed"])  # ended calls' garbage collected
+    app = create_app(runtime, sessions, gateway, other_edges={**phones.stats_providers(), "memory": memory.stats_view},
                      access=access, limits=edge.realtime)
     add_health_routes(app, watch)  # /metrics behind the API key (AccessMiddleware); health probes open
     bound_server_logs(edge.http.error_log_per_minute)  # EMFILE on accept, invalid requests: rate-bounded
@@ -79,6 +81,7 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     stopper = asyncio.create_task(_exit_on_signal(stop, server, watch))
     try:
         await phones.start(app)
+        memory.start()
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
@@ -98,6 +101,7 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
         await phones.close()
         await gateway.close_all()
         await load.stop()
+        await memory.stop()
         if turn_end is not None:
             turn_end.close()
         await coordinator.shutdown()

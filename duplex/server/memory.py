@@ -1,0 +1,101 @@
+"""The edge process's memory between calls.
+
+A call leaves its objects (aiortc's peer connection, transports, codecs, their threads) in
+reference cycles, and CPython runs a full collection only when the long-lived heap grew by a
+quarter: on a server that imported a few hundred thousand objects at start that is rare, so
+ended calls' garbage (and the threads it holds) piles up, and freed memory stays with the
+allocator. Here: the objects of start-up are frozen (never scanned again, so a full collection
+costs only what the live calls own), and after calls end a full collection runs, then glibc is
+asked to hand free pages back to the system."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("duplex.server")
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's malloc_trim(0), or None where the C library has none (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
+
+
+@dataclass
+class CollectionStats:
+    runs: int = 0
+    collected: int = 0  # unreachable objects found, over all runs
+    last_pause_ms: float = 0.0
+    max_pause_ms: float = 0.0
+
+
+class MemoryKeeper:
+    """Collects ended calls' garbage: at most once per ``interval_s``, and only when a call
+    ended since the last run (``ended`` counts calls closed so far)."""
+
+    def __init__(self, ended: Callable[[], int], interval_s: float = 2.0) -> None:
+        self._ended = ended
+        self._interval_s = interval_s
+        self._seen = ended()
+        self._trim = _malloc_trim()
+        self._task: asyncio.Task | None = None
+        self.stats = CollectionStats()
+
+    def start(self) -> None:
+        """Freeze what start-up made (call once the models and stages are up), then watch."""
+        gc.collect()
+        gc.freeze()
+        self._task = asyncio.create_task(self._watch())
+
+    def stats_view(self) -> dict:
+        stats = self.stats
+        return {"collections": stats.runs, "collected_objects": stats.collected,
+                "last_pause_ms": round(stats.last_pause_ms, 2), "max_pause_ms": round(stats.max_pause_ms, 2),
+                "frozen_objects": gc.get_freeze_count(), "calls_seen": self._seen}
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def collect_if_calls_ended(self) -> bool:
+        """One full collection (and trim) if a call ended since the last; True if it ran."""
+        ended = self._ended()
+        if ended == self._seen:
+            return False
+        self._seen = ended
+        started = time.perf_counter()
+        found = gc.collect()
+        if self._trim is not None:
+            self._trim()
+        pause_ms = (time.perf_counter() - started) * 1000
+        stats = self.stats
+        stats.runs += 1
+        stats.collected += found
+        stats.last_pause_ms = pause_ms
+        stats.max_pause_ms = max(stats.max_pause_ms, pause_ms)
+        log.debug("collected %d objects of ended calls in %.1f ms", found, pause_ms)
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            self.collect_if_calls_ended()
