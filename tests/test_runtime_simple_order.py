@@ -35,3 +35,53 @@ def test_an_item_held_back_by_the_batch_key_keeps_its_requests_later_items_behin
         scheduler.stop()
     assert [e.data for e in emits["a"] if e.data is not None] == ["a-one", "a2"]
     assert [e.data for e in emits["b"] if e.data is not None] == ["b1"]
+
+
+class Recorder:
+    """Echoes each item and records which requests each batch held."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def __call__(self, items: list[WorkItem], states: list[dict]) -> list[list[str]]:
+        self.batches.append([item.request_id for item in items])
+        return [[item.data] for item in items]
+
+
+def test_requests_take_turns_so_one_backlog_cannot_starve_a_new_requests_first_item():
+    stage = StageConfig(name="fair", builder="none", scheduler={"kind": "simple", "max_batch_size": 2})
+    recorder = Recorder()
+    scheduler = SimpleScheduler(stage, recorder)
+    # two replies' words all queued at once (as a thinker emits them), then a third reply's first word
+    for rid in ("a", "b"):
+        for n in range(6):
+            scheduler.inbox.put(WorkItem(rid, "client", f"{rid}{n}", n == 5))
+    scheduler.inbox.put(WorkItem("c", "client", "c0", False))
+    scheduler.inbox.put(WorkItem("c", "client", "c1", True))
+    scheduler.start()
+    try:
+        emits = collect(scheduler, {"a", "b", "c"}, timeout=10)
+    finally:
+        scheduler.stop()
+    assert recorder.batches[0] == ["a", "b"]
+    assert "c" in recorder.batches[1]  # not after a's and b's twelve words
+    assert all(len(set(batch)) == len(batch) for batch in recorder.batches)
+    for rid in ("a", "b"):
+        assert [e.data for e in emits[rid] if e.data is not None] == [f"{rid}{n}" for n in range(6)]
+
+
+def test_a_requests_last_item_goes_first_it_ends_a_turn():
+    stage = StageConfig(name="final-first", builder="none", scheduler={"kind": "simple", "max_batch_size": 1})
+    recorder = Recorder()
+    scheduler = SimpleScheduler(stage, recorder)
+    for n in range(3):  # a caller's audio chunks, still speaking
+        scheduler.inbox.put(WorkItem("speaking", "client", f"s{n}", False))
+    scheduler.inbox.put(WorkItem("ended", "client", "e0", True))  # another caller's turn just ended
+    scheduler.inbox.put(WorkItem("speaking", "client", "s3", True))
+    scheduler.start()
+    try:
+        collect(scheduler, {"speaking", "ended"}, timeout=10)
+    finally:
+        scheduler.stop()
+    assert recorder.batches[0] == ["ended"]
+    assert recorder.batches[1:] == [["speaking"]] * 4

@@ -26,8 +26,8 @@ class _Cycle:
 
 
 def test_a_collection_runs_only_after_a_call_ended_and_frees_its_cycles():
-    ended = [0]
-    keeper = MemoryKeeper(ended=lambda: ended[0])
+    ended, live = [0], [0]
+    keeper = MemoryKeeper(ended=lambda: ended[0], live=lambda: live[0], batch_calls=3)
     gc.disable()  # the automatic collector must not do the keeper's work here
     try:
         garbage = _Cycle()
@@ -41,6 +41,11 @@ def test_a_collection_runs_only_after_a_call_ended_and_frees_its_cycles():
         assert keeper.stats.runs == 1 and keeper.stats.collected >= 1
         assert not keeper.collect_if_calls_ended()  # once per ended call(s), not every tick
         assert keeper.stats_view()["calls_seen"] == 1
+        live[0] = 5  # while calls are live, their loop's pause waits for a batch of ended calls
+        ended[0] = 3
+        assert not keeper.collect_if_calls_ended()
+        ended[0] = 4
+        assert keeper.collect_if_calls_ended() and keeper.stats.runs == 2
     finally:
         gc.enable()
 

@@ -66,7 +66,7 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     gateway = WebRTCGateway(sessions, edge)
     phones = phone_edges.PhoneEdges(phone or phone_edges.PhoneConfig(), sessions)
     use_loopback_candidates(edge.ice_loopback)
-    memory = MemoryKeeper(ended=lambda: sessions.counters["closed"])  # ended calls' garbage collected
+    memory = MemoryKeeper(ended=lambda: sessions.counters["closed"], live=sessions.live)  # ended calls' garbage
     app = create_app(runtime, sessions, gateway, other_edges={**phones.stats_providers(), "memory": memory.stats_view},
                      access=access, limits=edge.realtime)
     add_health_routes(app, watch)  # /metrics behind the API key (AccessMiddleware); health probes open

@@ -46,6 +46,8 @@ class SimpleScheduler(Scheduler):
         self._batch_key: Callable[[WorkItem], Hashable] | None = getattr(computation, "batch_key", None)
         self._waiting: deque[WorkItem] = deque()
         self._states: dict[str, dict] = {}
+        self._last_served: dict[str, int] = {}  # request -> number of the batch that last took one of its items
+        self._batch_count = 0
         self._aborted_in_batch: set[str] = set()
         self._lock = threading.Lock()  # guards _waiting/_states for stats readers
         self._trace = StepTrace(stage.name, self.step_times)
@@ -112,26 +114,33 @@ class SimpleScheduler(Scheduler):
             self._waiting.append(entry)
 
     def _next_batch(self) -> list[WorkItem]:
-        batch: list[WorkItem] = []
-        taken: set[str] = set()
-        key = None
+        """Up to ``max_batch_size`` rows, each the oldest waiting item of a different request
+        (a request's items stay in order): last items first (a final transcript ends a turn:
+        it is on the caller's critical path), then requests served longest ago, so one
+        request's backlog (a reply's words, all queued at once) cannot starve another's."""
         with self._lock:
-            kept: deque[WorkItem] = deque()
-            while self._waiting:
-                item = self._waiting.popleft()
+            heads: dict[str, WorkItem] = {}
+            for item in self._waiting:
+                heads.setdefault(item.request_id, item)
+            batch: list[WorkItem] = []
+            key = None
+            for item in sorted(heads.values(), key=self._priority):
+                if len(batch) == self._cfg.max_batch_size:
+                    break
                 item_key = self._batch_key(item) if self._batch_key else None
-                fits = len(batch) < self._cfg.max_batch_size and item.request_id not in taken
-                if fits and (not batch or item_key == key):
+                if not batch or item_key == key:  # a row of another key waits for a batch of its own
                     batch.append(item)
-                    taken.add(item.request_id)
                     key = item_key
-                else:  # this request's later items wait behind it: a request's items stay in order
-                    kept.append(item)
-                    taken.add(item.request_id)
-            self._waiting = kept
+            chosen = {id(item) for item in batch}
+            self._waiting = deque(item for item in self._waiting if id(item) not in chosen)
+            self._batch_count += 1
             for item in batch:
                 self._states.setdefault(item.request_id, {})
+                self._last_served[item.request_id] = self._batch_count
         return batch
+
+    def _priority(self, head: WorkItem) -> tuple[bool, int]:
+        return not head.eos, self._last_served.get(head.request_id, -1)
 
     def _process(self, batch: list[WorkItem]) -> None:
         if not batch:
@@ -198,6 +207,7 @@ class SimpleScheduler(Scheduler):
         self.outbox.put(Emit(item.request_id, last, eos=True))
         with self._lock:
             self._states.pop(item.request_id, None)
+            self._last_served.pop(item.request_id, None)
 
     def _forget(self, request_id: str) -> None:
         self._drop(request_id)
@@ -206,3 +216,4 @@ class SimpleScheduler(Scheduler):
         with self._lock:
             self._waiting = deque(i for i in self._waiting if i.request_id != request_id)
             self._states.pop(request_id, None)
+            self._last_served.pop(request_id, None)
