@@ -302,3 +302,24 @@ def test_refusals_are_counted_always_and_logged_at_a_bounded_rate(caplog):
         refusals.note("rate_limited", "later")
     assert len(caplog.records) == LINES_PER_WINDOW + 2
     assert "995 more not logged" in caplog.records[-2].getMessage()
+
+
+async def test_a_flood_of_distinct_requests_cannot_grow_the_transaction_table_or_block_a_calls_bye(serve):
+    srv = await serve(max_transactions=16)
+    caller = SipPeer(srv.address)
+    invite, final = await caller.invite(sdp_offer(4000))
+    assert final.status == 200
+    caller.ack(invite, final)
+    await wait_until(lambda: srv.stats()["calls"] == 1, 5.0, "the call confirmed")
+    flood = PeerAt(srv.address, "127.0.0.9")
+    for _ in range(40):  # each a new transaction (its own branch), kept ~32 s if admitted
+        flood.send(flood.request("OPTIONS"))
+    await wait_until(lambda: srv.stats()["server_transactions"] + srv.stats()["transactions_full"] >= 41, 5.0,
+                     "the flood handled")
+    assert srv.stats()["server_transactions"] <= 16
+    assert srv.stats()["transactions_full"] >= 40 - 16
+    caller.send(caller.request("BYE"))  # the call's own request still gets through
+    assert (await caller.next(status=200, timeout=5.0)).get("CSeq").endswith("BYE")
+    await wait_until(lambda: srv.stats()["calls"] == 0, 5.0, "the call ended")
+    caller.close()
+    flood.close()

@@ -30,6 +30,7 @@ class SipConfig(BaseModel):
     # until then it is "pending" (an RTP port, a dialog entry) and yields to newer INVITEs.
     ack_timeout_s: float = Field(4.0, gt=0, le=32)  # a 200 OK not ACKed by then: call dropped
     max_pending_calls: int = Field(16, ge=1, le=1000)  # INVITEs answered, not yet ACKed
+    max_transactions: int = Field(4096, ge=16, le=1_000_000)  # open server transactions (each lives ~32 s)
     max_call_s: float = Field(3600.0, gt=0)  # an answered call is hung up (BYE) after this long
     rate: RateConfig = Field(default_factory=RateConfig)  # new INVITEs per source and in total
     # Anti-amplification: to a source without a confirmed call we send at most the bytes it

@@ -48,7 +48,7 @@ COUNTERS = (  # always reported, zero or not, so dashboards and tests see every 
     "unsupported_methods", "retransmissions", "stray_acks", "stray_responses",
     "answer_failures", "internal_errors",
     # holding the line (issue 15): refusals and reaping, counts only
-    "rate_limited", "replies_over_budget", "half_open_reaped", "pending_evicted",
+    "rate_limited", "replies_over_budget", "half_open_reaped", "pending_evicted", "transactions_full",
     "max_duration", "rtp_timeouts", "rtp_wrong_source",
 )
 # headers an error response keeps when it is cut down to fit the source's reply budget
@@ -174,6 +174,13 @@ class SipServer:
             if existing.response is not None:
                 self.send_raw(existing.response, context.addr)
             return
+        if len(self.transactions.server) >= self.config.max_transactions and not self._in_a_call(context):
+            # a flood of distinct requests lives 32 s each in the table: past the cap, answered
+            # statelessly (within the source's reply budget) and forgotten; calls' own requests pass
+            self._drop("transactions_full", f"{context.method} from {context.addr[0]}")
+            self.respond_stateless(context.request, context.addr, 503, reason="Service Unavailable (busy)",
+                                   headers=[("Retry-After", "5")])
+            return
         transaction = self.transactions.open(context.key, context.addr)
         handler = {"INVITE": self.calls.on_invite, "BYE": self.calls.on_bye,
                    "CANCEL": self.calls.on_cancel, "OPTIONS": self._on_options,
@@ -184,6 +191,9 @@ class SipServer:
         status = 405 if context.method in KNOWN_METHODS else 501
         self._drop("unsupported_methods", f"{context.method} from {context.addr[0]}")
         self.respond(context.request, transaction, status, headers=[("Allow", ALLOW)])
+
+    def _in_a_call(self, context: RequestContext) -> bool:
+        return context.method in ("BYE", "CANCEL", "INVITE") and context.call_id in self.calls.active
 
     def _on_options(self, context: RequestContext, transaction: ServerTransaction) -> None:
         to_tag = context.to.tag or self.calls.local_tag_for(context.call_id)
