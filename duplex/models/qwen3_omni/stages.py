@@ -21,6 +21,10 @@ def model_dir(ctx: BuildContext) -> str:
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"stage {ctx.stage}: no checkpoint in {path} "
                                 f"(make a tiny one with `duplex model init-tiny {path}`)")
+    if path == Path(DEFAULT_MODEL_DIR).expanduser():
+        from duplex.models.qwen3_omni.tiny import refresh_if_stale
+
+        refresh_if_stale(path)  # the shared cache may hold a tiny checkpoint an older version wrote
     return str(path)
 
 

@@ -2,14 +2,29 @@
 
 Same architecture and code paths as the real checkpoint (MoE thinker and talker, 16-codebook code
 predictor, code2wav with the real 1920x upsampling), with small widths and a 512-word vocabulary.
-The special token ids are remapped into that vocabulary.
+The special token ids are remapped into that vocabulary. code2wav's output layers are set by hand
+(tiny_voice) so that the tiny model's speech is an audible tone, and every weight is a function
+of the seed (transformers leaves the talker's MoE experts as torch.empty).
+
+config.json carries ``duplex_tiny_version``: a checkpoint cached by an older version is rewritten
+by ``refresh_if_stale`` (the stages call it for the default cached directory).
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+# 1: unmarked (inaudible code2wav, talker experts left uninitialised); 2: tiny_voice + seeded experts.
+TINY_VERSION = 2
 
 TINY_VOCAB = 512
 CODEBOOK = 256
@@ -167,16 +182,79 @@ _TOP_LEVEL_TOKENS = {
 
 
 def init_tiny(directory: str | Path, seed: int = 0) -> Path:
-    """Write a random-init tiny checkpoint (config.json + model.safetensors) into ``directory``."""
+    """Write a random-init tiny checkpoint (config.json + model.safetensors) into ``directory``.
+
+    The same seed gives the same weights. Files are written beside and moved in, config.json
+    (with the version marker) last, so a reader never sees a new marker over old weights.
+    """
     from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from duplex.models.qwen3_omni.tiny_voice import set_voice
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = Qwen3OmniMoeForConditionalGeneration(tiny_config())
+    config = tiny_config()
+    config.duplex_tiny_version = TINY_VERSION
+    config.duplex_tiny_seed = seed
+    model = Qwen3OmniMoeForConditionalGeneration(config)
+    _seed_experts(model, seed)
     _spread_codec_logits(model)
-    model.save_pretrained(directory, safe_serialization=True)
+    set_voice(model.code2wav)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        names = sorted(p.name for p in staging.iterdir())
+        for name in [n for n in names if n != "config.json"] + ["config.json"]:
+            os.replace(staging / name, directory / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return directory
+
+
+def checkpoint_version(directory: str | Path) -> int | None:
+    """The tiny version that wrote ``directory``; None for a checkpoint that is not a tiny one."""
+    raw = json.loads((Path(directory) / "config.json").read_text())
+    if "duplex_tokens" not in raw:  # only the tiny config carries it: a real checkpoint
+        return None
+    return int(raw.get("duplex_tiny_version", 1))
+
+
+def refresh_if_stale(directory: str | Path) -> bool:
+    """Rewrite a tiny checkpoint that an older version wrote (same seed); True if it did.
+
+    Stage processes start in parallel and each calls this: the file lock makes one of them
+    write while the others wait, and they then find the checkpoint current.
+    """
+    directory = Path(directory)
+    with _locked(directory / ".duplex-tiny.lock"):
+        version = checkpoint_version(directory)
+        if version is None or version >= TINY_VERSION:
+            return False
+        seed = int(json.loads((directory / "config.json").read_text()).get("duplex_tiny_seed", 0))
+        init_tiny(directory, seed=seed)
+        return True
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _seed_experts(model, seed: int) -> None:
+    """transformers 5.24 allocates the talker's expert tensors with torch.empty and never fills
+    them (different every run, at times ~1e25): draw every expert tensor from the seed."""
+    generator = torch.Generator().manual_seed(seed)
+    std = model.config.talker_config.text_config.initializer_range
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if ".experts." in name and param.ndim == 3:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
 def _spread_codec_logits(model) -> None:
