@@ -62,19 +62,21 @@ class MemoryKeeper:
         self._first_unseen_at: float | None = None  # when a call ended that no collection has followed yet
         self._trim = _malloc_trim()
         self._task: asyncio.Task | None = None
+        self._frozen = 0
         self.stats = CollectionStats()
 
     def start(self) -> None:
         """Freeze what start-up made (call once the models and stages are up), then watch."""
         gc.collect()
         gc.freeze()
+        self._frozen = gc.get_freeze_count()  # counting walks every frozen object: once, here
         self._task = asyncio.create_task(self._watch())
 
     def stats_view(self) -> dict:
         stats = self.stats
         return {"collections": stats.runs, "collected_objects": stats.collected,
                 "last_pause_ms": round(stats.last_pause_ms, 2), "max_pause_ms": round(stats.max_pause_ms, 2),
-                "frozen_objects": gc.get_freeze_count(), "calls_seen": self._seen}
+                "frozen_objects": self._frozen, "calls_seen": self._seen}
 
     async def stop(self) -> None:
         if self._task is not None:

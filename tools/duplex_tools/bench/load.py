@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import random
 import sys
@@ -20,6 +21,7 @@ import psutil
 from duplex.edge.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
 from duplex_tools.bench.report import percentile, table, write_json
+from duplex_tools.bench.server_parts import mean_parts_ms, read_parts
 from duplex_tools.scenario.cli import is_loopback_url
 from duplex_tools.scenario.frames import frame_quality
 from duplex_tools.scenario.measure import measure
@@ -43,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--scenario", default=str(DEFAULT_CALLER), help="what each caller does (a scenario YAML)")
     parser.add_argument("--rounds", type=int, default=1, help="calls per caller per level")
     parser.add_argument("--stagger-s", type=float, default=1.0, help="callers start spread over this many seconds")
+    parser.add_argument("--client-procs", type=int, default=1,
+                        help="callers run in this many processes (each its own event loop and core): one "
+                             "Python process starves past ~16 WebRTC callers and the numbers are then the client's")
     parser.add_argument("--late-ms", type=float, default=60.0, help="a frame this far behind its schedule is late")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", default="bench-load.png", help="PNG of the curves ('' to skip)")
@@ -56,8 +61,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     except (ValueError, ScenarioError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not levels or levels[0] < 1:
-        print("error: --sessions needs positive counts", file=sys.stderr)
+    if not levels or levels[0] < 1 or args.client_procs < 1:
+        print("error: --sessions needs positive counts, --client-procs at least 1", file=sys.stderr)
         return 2
     if args.serve:
         from duplex_tools.harness import ServerProcess
@@ -74,7 +79,8 @@ async def bench(url: str, levels: list[int], caller: Scenario, args: argparse.Na
     rows = []
     for sessions in levels:
         print(f"level {sessions} session(s): {sessions * args.rounds} call(s) ...", flush=True)
-        row = await run_level(url, caller, sessions, args.rounds, args.stagger_s, args.late_ms)
+        row = await run_level(url, caller, sessions, args.rounds, args.stagger_s, args.late_ms,
+                              client_procs=args.client_procs, scenario_path=args.scenario)
         rows.append(row)
         print(f"  TTFB p50 {_ms(row['ttfb_ms']['p50'])} p95 {_ms(row['ttfb_ms']['p95'])}; "
               f"stop p95 {_ms(row['stop_ms']['p95'])}; failed {row['calls_failed']}/{row['calls']}", flush=True)
@@ -94,26 +100,37 @@ async def bench(url: str, levels: list[int], caller: Scenario, args: argparse.Na
     return 0 if all(r["calls_ok"] for r in rows) else 1
 
 
-async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stagger_s: float, late_ms: float) -> dict:
+async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stagger_s: float, late_ms: float,
+                    client_procs: int = 1, scenario_path: str | None = None) -> dict:
     server = await server_processes(url)
     client = psutil.Process()
+    procs = min(client_procs, sessions)
+    pool = None
+    if procs > 1:
+        assert scenario_path is not None, "caller processes load the scenario from its file"
+        pool = multiprocessing.get_context("spawn").Pool(procs, initializer=_import_callers)
+        await asyncio.to_thread(pool.map, _ready, range(procs), 1)  # their imports are not the level's time
+    parts_before = await read_parts(url)
     before = _cpu_seconds(server), _cpu_seconds([client]), time.monotonic(), _machine_busy_seconds()
-    calls: list[dict] = []
-
-    async def one_caller(index: int) -> None:
-        await asyncio.sleep(random.Random(index).uniform(0, stagger_s))
-        for _ in range(rounds):
-            recording = await run_scenario(caller, url, exclusive=False)
-            result = measure(caller, recording, exclusive=False)
-            calls.append({"result": result, "frames": frame_quality(recording, late_ms), "error": recording.error,
-                          "dropped": recording.hangup_status == 404})
-
-    await asyncio.gather(*(one_caller(i) for i in range(sessions)))
+    worker_cpu = 0.0
+    if pool is None:
+        calls = await _callers(url, caller, list(range(sessions)), rounds, stagger_s, late_ms)
+    else:
+        shares = [(url, scenario_path, list(range(i, sessions, procs)), rounds, stagger_s, late_ms)
+                  for i in range(procs)]
+        try:
+            results = await asyncio.to_thread(pool.starmap, _caller_share, shares, 1)
+        finally:
+            pool.terminate()
+            pool.join()
+        calls = [call for share, _ in results for call in share]
+        worker_cpu = sum(cpu for _, cpu in results)
     wall = time.monotonic() - before[2]
     server_cpu = _cpu_seconds(server) - before[0] if server else None
-    client_cpu = _cpu_seconds([client]) - before[1]
+    client_cpu = _cpu_seconds([client]) - before[1] + worker_cpu
     machine_busy = _machine_busy_seconds() - before[3]
     left = await leftover(url)
+    parts = mean_parts_ms(parts_before, await read_parts(url))
     ttfb = [v for c in calls for v in c["result"].ttfb_ms]
     stop = [v for c in calls for v in c["result"].stop_ms]
     heard = sum(c["frames"].heard for c in calls)
@@ -133,7 +150,42 @@ async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stag
         "client_cpu_cores": round(client_cpu / wall, 3), "machine_cores": os.cpu_count(),
         "machine_busy_cores": round(machine_busy / wall, 3),  # everything on the host, other work included
         "left_behind": left,
+        "server_parts_ms": parts,  # mean per part of time to first audio, as the server measured it
     }
+
+
+async def _callers(url: str, caller: Scenario, indices: list[int], rounds: int, stagger_s: float,
+                   late_ms: float) -> list[dict]:
+    calls: list[dict] = []
+
+    async def one_caller(index: int) -> None:
+        await asyncio.sleep(random.Random(index).uniform(0, stagger_s))
+        for _ in range(rounds):
+            recording = await run_scenario(caller, url, exclusive=False)
+            result = measure(caller, recording, exclusive=False)
+            calls.append({"result": result, "frames": frame_quality(recording, late_ms), "error": recording.error,
+                          "dropped": recording.hangup_status == 404})
+
+    await asyncio.gather(*(one_caller(i) for i in indices))
+    return calls
+
+
+def _import_callers() -> None:
+    """A caller process's start: its imports are done here, before the level's clock starts."""
+    import aiortc  # noqa: F401
+
+
+def _ready(_: int) -> bool:
+    return True
+
+
+def _caller_share(url: str, scenario_path: str, indices: list[int], rounds: int, stagger_s: float,
+                  late_ms: float) -> tuple[list[dict], float]:
+    """In a caller process: these callers of the level; returns their calls and its CPU seconds."""
+    use_loopback_candidates(is_loopback_url(url))
+    started = time.process_time()
+    calls = asyncio.run(_callers(url, load_scenario(scenario_path), indices, rounds, stagger_s, late_ms))
+    return calls, time.process_time() - started
 
 
 def _ms(value: float, unit: str = " ms") -> str:
@@ -176,6 +228,9 @@ def render(rows: list[dict], knee: int | None) -> str:
             notes.append(f"{r['sessions']} sessions: " + "; ".join(r["errors"]))
         if r["left_behind"]:
             notes.append(f"{r['sessions']} sessions: left behind after all calls ended: {r['left_behind']}")
+        if r.get("server_parts_ms"):
+            parts = ", ".join(f"{part} {ms:.0f}" for part, ms in r["server_parts_ms"].items())
+            notes.append(f"{r['sessions']} sessions: the server's mean time to first audio by part (ms): {parts}")
     return table(headers, body) + "\n" + "\n".join(notes)
 
 
