@@ -1,11 +1,15 @@
-"""aiortc settings the library does not expose as options: loopback ICE candidates and the
-audio receive prefetch. Both are applied explicitly, in one place, and checked at use."""
+"""aiortc settings the library does not expose as options: loopback ICE candidates, the audio
+receive prefetch and the outbound audio level's cost. Each is applied explicitly, in one place,
+and checked at use."""
 
 from __future__ import annotations
 
 import logging
+import math
 
 import aioice.ice
+import aiortc.rtp
+import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer, RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtp import RtpPacket
@@ -13,6 +17,7 @@ from aiortc.utils import uint16_gt
 
 log = logging.getLogger("duplex.edge")
 _stock_host_addresses = aioice.ice.get_host_addresses
+stock_audio_level_dbov = aiortc.rtp.compute_audio_level_dbov  # aiortc's own, kept for comparison
 
 
 def rtc_configuration(ice_servers: list[str]) -> RTCConfiguration:
@@ -33,6 +38,23 @@ def use_loopback_candidates(enabled: bool) -> None:
 
 def _loopback_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
     return ["127.0.0.1"] if use_ipv4 else ["::1"]
+
+
+def use_vectorised_audio_level() -> None:
+    """aiortc's sender computes every outbound audio frame's RFC 6465 level (the RTP audio-level
+    header) with a Python loop over its samples, on the event loop: ~0.25 ms per frame, 40 % of
+    a core at 32 calls. This swaps in the same formula on numpy, for the process."""
+    aiortc.rtp.compute_audio_level_dbov = audio_level_dbov
+
+
+def audio_level_dbov(frame) -> int:
+    """aiortc's ``compute_audio_level_dbov``, vectorised: the same value for every frame (its sum
+    runs over the whole first plane, all channels, divided by the per-channel sample count)."""
+    samples = np.frombuffer(frame.planes[0], dtype=np.int16).astype(np.float64)
+    rms = math.sqrt(float(np.dot(samples, samples)) / (frame.samples * 32767.0 * 32767.0))
+    if rms <= 0:
+        return -127
+    return round(min(0.0, max(-127.0, 20 * math.log10(rms))))
 
 
 class ArrivalOrderAudioBuffer(JitterBuffer):

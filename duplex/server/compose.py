@@ -19,7 +19,7 @@ from duplex.edge.auth import Access
 from duplex.edge.config import EdgeConfig
 from duplex.edge.health import add_health_routes
 from duplex.edge.http_protocol import accept_backlog, bound_server_logs, connection_cap, guarded_protocol
-from duplex.edge.rtc_options import use_loopback_candidates
+from duplex.edge.rtc_options import use_loopback_candidates, use_vectorised_audio_level
 from duplex.edge.telephony import phone_edges
 from duplex.edge.webrtc import WebRTCGateway
 from duplex.models.registry import BUILDERS
@@ -66,6 +66,7 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     gateway = WebRTCGateway(sessions, edge)
     phones = phone_edges.PhoneEdges(phone or phone_edges.PhoneConfig(), sessions)
     use_loopback_candidates(edge.ice_loopback)
+    use_vectorised_audio_level()
     memory = MemoryKeeper(ended=lambda: sessions.counters["closed"], live=sessions.live)  # ended calls' garbage
     app = create_app(runtime, sessions, gateway, other_edges={**phones.stats_providers(), "memory": memory.stats_view},
                      access=access, limits=edge.realtime)

@@ -70,6 +70,8 @@ class EchoGate:
             return False
         x = _as_float(frame)
         self._input = np.concatenate([self._input[len(x):], x])
+        if _mean_power(x) < self._floor:  # nothing audible to explain (a headset, a muted mic):
+            return False  # no search, which costs two FFT correlations per frame while the agent talks
         segment = self._reference_before(end_time, self._track_len + self._max_delay)
         if segment is None or _mean_power(segment) < self._floor / 4:
             return False

@@ -22,7 +22,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from duplex.audio import resample
-from duplex.edge.rtc_options import receive_on_arrival, rtc_configuration
+from duplex.edge.rtc_options import receive_on_arrival, rtc_configuration, use_vectorised_audio_level
 from duplex.session.pacing import FramePacer
 from duplex_tools.echo_path import EchoPath
 
@@ -97,6 +97,7 @@ class Heard:
 class RealtimeClient:
     def __init__(self, base_url: str, echo_gain: float = 0.0, low_latency: bool = True,
                  api_key: str | None = None, local_address: str | None = None) -> None:
+        use_vectorised_audio_level()  # many callers in one process: aiortc's own costs a core
         self.base_url = base_url.rstrip("/")
         self.local_address = local_address  # the address signalling goes from (e.g. 127.0.0.2)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # a key or a client secret
