@@ -90,7 +90,8 @@ def test_a_broken_expectation_fails_the_run(server, tmp_path):
 
 
 def test_the_load_benchmark_measures_each_level(server, tmp_path):
-    run = duplex("bench", "load", "--url", server.url, "--sessions", "1,2", "--stagger-s", "0.5",
+    # level 1 runs its caller in this process, level 2 its two callers in two processes
+    run = duplex("bench", "load", "--url", server.url, "--sessions", "1,2", "--stagger-s", "0.5", "--client-procs", "2",
                  "--json", str(tmp_path / "load.json"), "--plot", str(tmp_path / "load.png"), timeout=300)
     print(run.stdout[-3000:])
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
@@ -103,5 +104,7 @@ def test_the_load_benchmark_measures_each_level(server, tmp_path):
         assert level["server_cpu_cores"] > 0 and level["client_cpu_cores"] > 0
         assert level["frames_heard"] > 300 * level["sessions"]
         assert level["left_behind"] == {}
+        parts = level["server_parts_ms"]  # the server's own breakdown of the level's turns
+        assert set(parts) >= {"end_of_turn", "asr_tail", "first_token", "playout"} and parts["end_of_turn"] > 0
     assert png_size(tmp_path / "load.png")[0] > 800
     assert "TTFB p95" in run.stdout and "knee" in run.stdout
