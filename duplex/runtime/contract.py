@@ -4,8 +4,9 @@ import to talk to the runtime.
 - Items: what flows between the session and the stages and between stages. Each is a tagged
   msgspec struct, so it crosses the relay as itself (``runtime/codec.py`` decodes it typed) and a
   stage checks what it got with ``isinstance``, not by looking up agreed string keys.
-- Requests: a request is a ``TurnRequest`` (answer the caller) or a ``SessionEnd`` (forget the
-  session's state); ``TurnRequest`` carries what the caller heard of an interrupted reply and the
+- Requests: a request is a ``TurnRequest`` (answer the caller), a ``SessionEnd`` (forget the
+  session's state) or an ``OverlapProbe`` (only transcribe: what the caller said over the agent's
+  reply); ``TurnRequest`` carries what the caller heard of an interrupted reply and the
   speculative requests it replaces.
 - Errors carry a code and a message.
 - ``BuildContext``: what a stage builder may know about where its stage runs.
@@ -195,7 +196,17 @@ class SessionEnd(msgspec.Struct, frozen=True, tag=True):
     session_id: str
 
 
-Request = TurnRequest | SessionEnd
+class OverlapProbe(msgspec.Struct, frozen=True, tag=True):
+    """Transcribe, answer nothing: the caller's audio over the agent's reply (a barge-in that
+    listens asks what was said). The runtime routes it to the entry stages only and their outputs
+    to the client only (``runtime/stage.py``): the stage that recognises speech streams its
+    ``Transcript``s back as for a turn, no later stage ever sees the request. Refused at once
+    when no entry stage is terminal (nothing would answer it)."""
+
+    session_id: str
+
+
+Request = TurnRequest | SessionEnd | OverlapProbe
 
 
 # -- errors ---------------------------------------------------------------------------------------

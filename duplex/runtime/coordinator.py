@@ -22,7 +22,7 @@ from duplex.config.pipeline import PipelineConfig
 from duplex.runtime import messages as m
 from duplex.runtime import shm
 from duplex.runtime.codec import pack
-from duplex.runtime.contract import ErrorCode, Request, StageError, TurnRequest
+from duplex.runtime.contract import ErrorCode, OverlapProbe, Request, StageError, TurnRequest
 from duplex.runtime.ended import EndedRequests
 from duplex.runtime.processes import CONTROL, StageProcesses
 from duplex.runtime.queries import StageQueries, StageStatsView
@@ -124,11 +124,18 @@ class Coordinator:
         if rid in self._requests or rid in self._ended:
             raise ValueError(f"request id {rid!r} already used")
         handle = RequestHandle(rid)
+        terminals = set(self.cfg.terminal_stages)
+        if isinstance(request, OverlapProbe):  # only the entry stages hear it (runtime/stage.py)
+            terminals &= set(self.cfg.entry_stages)
         state = self._requests[rid] = RequestState(rid, request or TurnRequest(session_id=""), handle,
-                                                   set(self.cfg.terminal_stages), touched=self.supervisor.clock)
+                                                   terminals, touched=self.supervisor.clock)
         down = self.supervisor.down_error()
         if down is not None:  # fail at once, never wait on a stage that is not there
             self._finish(state, RequestStatus.FAILED, down)
+        elif not terminals:
+            self._finish(state, RequestStatus.FAILED, StageError(
+                ErrorCode.BAD_INPUT, f"an overlap probe needs a terminal entry stage; {self.cfg.entry_stages} "
+                                     f"are not terminal"))
         elif data is not None or eos:
             self.feed(rid, data, eos=eos)
         return handle

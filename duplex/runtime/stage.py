@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duplex.config.pipeline import PipelineConfig, StageConfig
-from duplex.runtime.contract import Emit, Payload, Request, WorkItem
+from duplex.runtime.contract import Emit, OverlapProbe, Payload, Request, WorkItem
 from duplex.runtime.ended import EndedRequests
 
 COORDINATOR = "coordinator"
@@ -98,9 +98,11 @@ class StageShell:
 
     # -- outputs ------------------------------------------------------------------------------
     def routes(self, emit: Emit) -> list[Route]:
-        routes = [Route(dst, emit.data, emit.eos) for dst in self.stage.stream_to]
-        if emit.eos:
-            routes += [Route(dst, emit.data, True) for dst in self.stage.next]
+        routes: list[Route] = []
+        if not isinstance(self.params(emit.request_id), OverlapProbe):  # a probe goes no further
+            routes += [Route(dst, emit.data, emit.eos) for dst in self.stage.stream_to]
+            if emit.eos:
+                routes += [Route(dst, emit.data, True) for dst in self.stage.next]
         if self.stage.terminal:
             routes.append(Route(COORDINATOR, self._for_client(emit.data), emit.eos))
         return routes

@@ -120,7 +120,14 @@ class Announcer:
     def resumed(self, response: Response, played_ms: int, verdict: OverlapVerdict) -> None:
         kind: Literal["backchannel", "noise"] = "noise" if verdict.kind is OverlapKind.NOISE else "backchannel"
         self.emit(ev.ResponseResumed(response_id=response.id, item_id=response.item_id, kind=kind,
-                                     audio_end_ms=played_ms, overlap_ms=verdict.span_ms, voiced_ms=verdict.voiced_ms))
+                                     audio_end_ms=played_ms, overlap_ms=verdict.span_ms, voiced_ms=verdict.voiced_ms,
+                                     transcript=verdict.words))
+
+    def overlap_judged(self, response: Response, verdict: OverlapVerdict) -> None:
+        self.emit(ev.OverlapJudged(response_id=response.id, kind=verdict.kind.value,
+                                   decided_by="sound" if verdict.words is None else "words",
+                                   transcript=verdict.words, audio_start_ms=verdict.onset_ms,
+                                   overlap_ms=verdict.span_ms, voiced_ms=verdict.voiced_ms))
 
     def barge_in(self, response: Response, stop_ms: float) -> None:
         self.emit(ev.TurnMetrics(response_id=response.id, barge_in_ms=round(stop_ms, 1)))

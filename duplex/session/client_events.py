@@ -115,12 +115,14 @@ class PreemptiveSettings(_Settings, kw_only=True):
 
 class BargeInSettings(_Settings, kw_only=True):
     """Ours: see SessionConfig.barge_in. ``mode``: listen (pause, then decide) or onset (any
-    onset interrupts at once)."""
+    onset interrupts at once); ``words``: a listening decision hears the words too."""
 
     mode: ShortText | None = None
     interrupt_ms: Annotated[int, msgspec.Meta(ge=80, le=5000)] | None = None
     resume_ms: Annotated[int, msgspec.Meta(ge=40, le=2000)] | None = None
     max_overlap_ms: Annotated[int, msgspec.Meta(ge=100, le=MAX_SILENCE_MS)] | None = None
+    words: bool | None = None  # judge by the words too (where the pipeline transcribes an overlap)
+    words_wait_ms: Annotated[int, msgspec.Meta(ge=0, le=5000)] | None = None
 
 
 class ToolDefinition(_Settings, kw_only=True):

@@ -61,7 +61,13 @@ class BargeInConfig(_Strict):
     (the caller hears it stop as quickly) but the reply stays alive while the session listens;
     speech that goes on for ``interrupt_ms`` (voiced), or an overlap longer than
     ``max_overlap_ms``, interrupts; one that ends first (``resume_ms`` unvoiced) was a
-    backchannel or a noise, and the reply resumes where it paused."""
+    backchannel or a noise, and the reply resumes where it paused.
+
+    ``words`` (where the pipeline's ASR hears an overlap: ``SessionConfig.overlap_probe_request``):
+    the overlap's audio is transcribed too, and the words decide: a backchannel ("uh-huh", "yeah",
+    "okay", ``overlap_words.BACKCHANNELS``) resumes, any other word ("sorry", "stop", "no")
+    interrupts, even before the sound ended; no words, or none within ``words_wait_ms`` of the
+    sound's end, leave the verdict to the sound."""
 
     mode: Literal["listen", "onset"] = "listen"
     interrupt_ms: int = Field(600, ge=80, le=5000)
@@ -69,6 +75,8 @@ class BargeInConfig(_Strict):
     max_overlap_ms: int = Field(1500, ge=100, le=10_000)
     noise_ms: int = Field(200, ge=0, le=2000)  # voiced overlap shorter than this is called noise
     rejoin_ms: int = Field(500, ge=0, le=5000)  # a sound this soon after a false onset continues it
+    words: bool = True  # judge by the words too, where the pipeline transcribes an overlap
+    words_wait_ms: int = Field(1200, ge=0, le=5000)  # after the sound's end, the longest wait for its words
 
     @model_validator(mode="after")
     def _check(self) -> BargeInConfig:
@@ -118,6 +126,10 @@ class SessionConfig(_Strict):
     # per-session state (the local thinker's history and conversation KV) free it. Only for
     # pipelines whose stages know that request: others would answer it like a turn.
     end_of_session_request: bool = False
+    # The pipeline's entry stage recognises words (a Whisper ASR, not a sound measure): at an
+    # overlap the session sends it the caller's audio as an ``OverlapProbe`` request, so
+    # ``barge_in.words`` can judge by what was said. A pipeline's setting, not a client's.
+    overlap_probe_request: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> SessionConfig:

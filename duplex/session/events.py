@@ -277,6 +277,21 @@ class ResponseResumed(ServerEvent, kw_only=True, tag="duplex.response.resumed"):
     audio_end_ms: int  # of the reply's audio: it resumes here
     overlap_ms: int  # the caller's sound, from its onset to the decision
     voiced_ms: int
+    transcript: str | None = None  # the words heard of it (a backchannel); null: judged by the sound
+
+
+class OverlapJudged(ServerEvent, kw_only=True, tag="duplex.overlap.judged"):
+    """What the caller's sound during the reply was (``barge_in.mode: listen``), and from what:
+    ``words`` (the ASR's transcript of it, ``transcript``) or ``sound`` (voicing and duration).
+    An interruption's events follow it; a backchannel's or a noise's ``duplex.response.resumed``."""
+
+    response_id: str
+    kind: Literal["interruption", "backchannel", "noise"]
+    decided_by: Literal["words", "sound"]
+    transcript: str | None = None
+    audio_start_ms: int  # the caller's onset (stream time of the input)
+    overlap_ms: int  # from the onset to the decision
+    voiced_ms: int
 
 
 _encoder = msgspec.json.Encoder()

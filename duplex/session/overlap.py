@@ -12,18 +12,29 @@ A sound that starts within ``rejoin_ms`` of the end of one judged a backchannel 
 "Wait, stop." is two short sounds and one interruption (their voiced time and the pause
 between them add up).
 
-The judge decides from the sound alone (duration and voicing, the VAD's verdicts): a one-word
-command shorter than ``interrupt_ms`` ("stop", "wait") resumes too. Sessions that want every
-onset to interrupt set ``barge_in.mode: onset``.
+The sound alone (duration and voicing, the VAD's verdicts) cannot tell a one-word command
+shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed by a pause from
+"okay". Where the pipeline transcribes the overlap (``barge_in.words``, ``overlap_words.py``),
+``Listening`` hears the words too:
+
+- any word that is not a backchannel interrupts as soon as it is heard (a partial transcript
+  may come before the sound has ended);
+- when the sound says "resume", the reply stays paused until the final words: a backchannel
+  resumes it (``BACKCHANNEL``), other words interrupt, no words leave the sound's verdict;
+- words that are not back ``words_wait_ms`` after the sound's end, or a probe that ends without
+  them, leave the sound's verdict too: the decision never hangs on the ASR.
+
+Sessions that want every onset to interrupt set ``barge_in.mode: onset``.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from duplex.session.config import BargeInConfig
+from duplex.session.overlap_words import is_backchannel, spoken_words
 
 R = TypeVar("R")
 
@@ -41,6 +52,7 @@ class OverlapVerdict:
     voiced_ms: int  # voiced audio heard since the onset (with that of a sound it continues)
     span_ms: int  # from the onset to the decision
     sound_end_ms: int  # stream time just after its last voiced frame
+    words: str | None = None  # the transcript that decided it; None: decided by the sound
 
     @property
     def interrupts(self) -> bool:
@@ -74,6 +86,11 @@ class OverlapJudge:
     def span_ms(self) -> int:
         return self._end_ms - self.onset_ms
 
+    @property
+    def sound_ended_ms(self) -> int:
+        """Unvoiced audio since the sound's last voiced frame."""
+        return self._unvoiced_run_ms
+
     def push(self, frame_ms: int, voiced: bool) -> OverlapVerdict | None:
         """One more frame of the caller's audio; the verdict once there is one."""
         self._end_ms += frame_ms
@@ -84,45 +101,113 @@ class OverlapJudge:
         else:
             self._unvoiced_run_ms += frame_ms
         cfg = self.config
-        if self.voiced_ms >= cfg.interrupt_ms or self.span_ms >= cfg.max_overlap_ms:
+        if self.voiced_ms >= cfg.interrupt_ms:
             return self._verdict(OverlapKind.INTERRUPTION)
+        # a sound that has ended is judged so however long ago it began (its words may be awaited)
         if self._unvoiced_run_ms >= self.resume_ms:
             return self._verdict(OverlapKind.NOISE if self.voiced_ms < cfg.noise_ms else OverlapKind.BACKCHANNEL)
+        if self.span_ms >= cfg.max_overlap_ms:
+            return self._verdict(OverlapKind.INTERRUPTION)
         return None
+
+    def now(self, kind: OverlapKind) -> OverlapVerdict:
+        """A verdict of ``kind`` on what was heard so far (the words decided it)."""
+        return self._verdict(kind)
 
     def _verdict(self, kind: OverlapKind) -> OverlapVerdict:
         return OverlapVerdict(kind, self.onset_ms, self.voiced_ms, self.span_ms, self._sound_end_ms)
 
 
 class Listening(Generic[R]):
-    """A session's listening while a reply (``R``) is paused: the judge of the sound now, and
-    the last sound a reply played on through (which a sound soon after continues)."""
+    """A session's listening while a reply (``R``) is paused: the judge of the sound now, the
+    words heard of it (when they are coming), and the last sound a reply played on through (which
+    a sound soon after continues)."""
 
     def __init__(self) -> None:
         self.judge: OverlapJudge | None = None
         self.reply: R | None = None
         self._last: tuple[OverlapVerdict, R] | None = None
+        self._words_coming = False  # the overlap's audio is being transcribed
+        self._final: str | None = None  # its final words, once heard
+        self._held: OverlapVerdict | None = None  # the sound's resume verdict, waiting for the words
 
     @property
     def active(self) -> bool:
         return self.judge is not None
 
-    def begin(self, judge: OverlapJudge, reply: R) -> None:
+    @property
+    def words_coming(self) -> bool:
+        """The overlap's audio is being transcribed (and the transcription has not failed)."""
+        return self._words_coming
+
+    @property
+    def waiting_words(self) -> bool:
+        """The sound has ended (it would resume the reply) and its final words are awaited."""
+        return self._held is not None
+
+    def begin(self, judge: OverlapJudge, reply: R, words: bool = False) -> None:
+        """``words``: the overlap's audio is being transcribed; ``heard`` will tell its words."""
         if self._last is not None and self._last[1] is reply:
             judge.continues(self._last[0])
         self.judge, self.reply = judge, reply
+        self._words_coming, self._final, self._held = words, None, None
 
     def push(self, frame_ms: int, voiced: bool) -> tuple[OverlapVerdict, R] | None:
-        """The verdict and the paused reply, once the judge has one (listening then ends)."""
+        """The verdict and the paused reply, once there is one (listening then ends)."""
         assert self.judge is not None and self.reply is not None
         verdict = self.judge.push(frame_ms, voiced)
-        if verdict is None:
+        if verdict is None or verdict.interrupts or not self._words_coming:
+            self._held = None  # the sound goes on (or is decided): its end is still to come
+            return None if verdict is None else self._settle(verdict)
+        if self._final is not None:
+            return self._settle(self._by_words(verdict, self._final))
+        self._held = verdict
+        if self.judge.sound_ended_ms >= self.judge.config.words_wait_ms:
+            return self._settle(verdict)  # no words in time: the sound decides
+        return None
+
+    def heard(self, text: str, final: bool) -> tuple[OverlapVerdict, R] | None:
+        """Words of the overlap (a partial or the final transcript); the verdict if they decide it."""
+        if self.judge is None or not self._words_coming:
             return None
+        words = spoken_words(text)
+        if words and not is_backchannel(words):  # "sorry", "stop": an interruption, whatever comes
+            return self._settle(replace(self.judge.now(OverlapKind.INTERRUPTION), words=text))
+        if final:
+            self._final = text
+            if self._held is not None:
+                return self._settle(self._by_words(self._held, text))
+        return None
+
+    def words_lost(self) -> tuple[OverlapVerdict, R] | None:
+        """The transcription ended without final words: the sound decides alone (now, if it had)."""
+        if self.judge is None or self._final is not None:
+            return None
+        self._words_coming = False
+        held, self._held = self._held, None
+        return self._settle(held) if held is not None else None
+
+    def rehear(self) -> None:
+        """The caller spoke again after the words' transcription closed: the whole overlap is
+        being transcribed anew, and the words heard so far say no more than the sound."""
+        self._words_coming, self._final = True, None
+
+    def drop(self) -> None:
+        self.judge = self.reply = self._held = None
+
+    @staticmethod
+    def _by_words(verdict: OverlapVerdict, text: str) -> OverlapVerdict:
+        """The sound said resume; the final words say what it was (none: the sound's verdict)."""
+        words = spoken_words(text)
+        if not words:
+            return verdict
+        kind = OverlapKind.BACKCHANNEL if is_backchannel(words) else OverlapKind.INTERRUPTION
+        return replace(verdict, kind=kind, words=text)
+
+    def _settle(self, verdict: OverlapVerdict) -> tuple[OverlapVerdict, R]:
         reply = self.reply
-        self.judge = self.reply = None
+        assert reply is not None
+        self.judge = self.reply = self._held = None
         if not verdict.interrupts:
             self._last = verdict, reply
         return verdict, reply
-
-    def drop(self) -> None:
-        self.judge = self.reply = None

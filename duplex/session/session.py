@@ -10,8 +10,9 @@ committed -> speaking -> draining -> done, or cancelled / failed). Turn cues com
 ``turns.TurnDetector``. Speech onset while a response is live is a barge-in: the output is
 flushed at once, the response aborted in every stage, the client told where its audio was cut,
 and a new turn begins. With ``barge_in.mode: listen`` the output pauses at the onset instead and
-``overlap.OverlapJudge`` decides: an interruption goes on as above, a backchannel or a noise
-resumes the paused reply where it stopped.
+``overlap.Listening`` decides, from the sound and (``barge_in.words``) the words the pipeline's
+ASR hears of it (``overlap_words.OverlapEars``): an interruption goes on as above, a backchannel
+or a noise resumes the paused reply where it stopped.
 
 Preemptive generation: a pause (``SessionConfig.pause_ms``) closes the turn's input and the
 answer starts, held; voice again aborts it and a fresh request (``supersedes`` the old) gets the
@@ -46,8 +47,8 @@ from duplex.session.clock import InputFrames
 from duplex.session.config import SessionConfig
 from duplex.session.echo import EchoGate
 from duplex.session.endpoint import EndOfTurnJudge, TurnEndModel, TurnJudgement
+from duplex.session.listen import ListeningSession
 from duplex.session.observe import NO_TAP, CallTap, SessionCounters, starved
-from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
 from duplex.session.playout import OutputFormat, Playout, PulledFrame
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus, VoiceRuntime, announce_session_end
 from duplex.session.reference import OutputReference
@@ -63,7 +64,7 @@ log = logging.getLogger("duplex.session")
 FEED_MS = 100  # caller audio goes to the runtime in chunks this long while the caller speaks
 
 
-class VoiceSession:
+class VoiceSession(ListeningSession):
     def __init__(self, session_id: str, runtime: VoiceRuntime, config: SessionConfig,
                  send: Callable[[ev.ServerEvent], None], output_format: OutputFormat | None = None,
                  clock: Callable[[], float] = time.monotonic, turn_end: TurnEndModel | None = None) -> None:
@@ -86,8 +87,8 @@ class VoiceSession:
         self._heard: Heard | None = None  # what was heard of the last interrupted reply, for the next turn
         self._turn_count = 0
         self._response: Response | None = None
-        self._listening: Listening[Response] = Listening()  # a reply paused at an onset (overlap.py)
         self._tasks = SessionTasks(session_id)
+        self._init_listening(runtime, session_id, self._tasks.spawn)
         self.counters = SessionCounters()
         self.last_ttfa_ms: float | None = None
         self.last_barge_in_ms: float | None = None
@@ -126,13 +127,11 @@ class VoiceSession:
         echo = self.echo.is_echo(frame, frame_end)  # always, so the delay estimate stays current
         voiced = self.classifier.is_voiced(frame) and not echo
         self.audio.hear(frame, voiced)
-        if self.detector.speaking:
+        if self.detector.speaking or self._listening.active:
             self._stream_caller_audio(frame, voiced)
         cue = self.detector.push(frame_start_ms, voiced)
         if self._listening.active:  # the judge decides what this sound is; no other cue counts
-            settled = self._listening.push(self.config.vad.frame_ms, voiced)
-            if settled is not None:
-                self._settle_overlap(*settled)
+            self._listen(voiced)
         elif isinstance(cue, SpeechStarted):
             self._on_speech_started(cue.onset_ms)
         elif isinstance(cue, SpeechStopped):
@@ -167,30 +166,6 @@ class VoiceSession:
             response.turn.feed(self.audio.replay())
         self._move_call(CallState.USER_SPEAKING)
 
-    def _pause(self, response: Response, onset_ms: int) -> None:
-        """An onset during the reply: silence it now, keep it alive, and listen (``overlap.py``)."""
-        played = self.playout.pause() if self.playout.item_id == response.item_id else response.played_ms
-        self.last_barge_in_ms = 1000 * (self._clock() - self._input.clock.time_at(onset_ms))
-        voiced_ms = min(self.config.vad.min_speech_ms, self._stream_ms - onset_ms)
-        vad = self.config.vad
-        judge = OverlapJudge(self.config.barge_in, onset_ms, self._stream_ms, voiced_ms, vad.silence_ms - vad.frame_ms)
-        self._listening.begin(judge, response)
-        self.tell.paused(response, played, onset_ms)
-
-    def _settle_overlap(self, verdict: OverlapVerdict, response: Response) -> None:
-        if verdict.interrupts:
-            if response.live:
-                self._interrupt("turn_detected", None)
-                self._count_barge_in(response, self.last_barge_in_ms or 0.0)
-            self._open_turn(verdict.onset_ms, replay=True)
-            return
-        self.detector.reset()  # the sound is over: no turn
-        self.audio.close()
-        if response.live and self.playout.item_id == response.item_id:
-            self.playout.resume()
-            self.counters.resumed += 1
-            self.tell.resumed(response, self.playout.played_ms, verdict)
-
     def _next_request(self) -> TurnRequest:
         """A new turn's request; it carries what was heard of the reply it follows."""
         self._turn_count += 1
@@ -202,9 +177,11 @@ class VoiceSession:
     def _stream_caller_audio(self, frame: np.ndarray, voiced: bool) -> None:
         response = self._response
         open_turn = response if response is not None and response.input_open else None
-        self.audio.add(frame, voiced, feed=open_turn is not None)
+        self.audio.add(frame, voiced, feed=open_turn is not None or self.ears.input_open)
         if open_turn is not None and self.audio.pending_ms >= FEED_MS:
             open_turn.turn.feed(self.audio.take_pending())
+        elif self.ears.input_open and self.audio.pending_ms >= FEED_MS:
+            self.ears.feed(self.audio.take_pending())
 
     def _on_speech_stopped(self, end_ms: int) -> None:
         self.judge.forget()
@@ -391,6 +368,7 @@ class VoiceSession:
         self.detector.reset()
         if self._listening.active:  # nothing to judge any more: the paused reply plays on
             self._listening.drop()
+            self.ears.stop()
             self.playout.resume()
         if self.state is CallState.USER_SPEAKING:
             self._move_call(CallState.IDLE)
@@ -470,6 +448,7 @@ class VoiceSession:
                 response.turn.abort()
             response.move(ResponseState.CANCELLED)
         self.playout.flush()
+        self.ears.stop()
         self._call.move(CallState.CLOSED)  # no event: the client is going away
         if self.config.end_of_session_request:
             announce_session_end(self.runtime, self.session_id)

@@ -113,6 +113,15 @@ class TurnDetector:
         self.reset()
         return SpeechStopped(end_ms=pause_end_ms, reason=StopReason.JUDGED)
 
+    def carry_on(self, onset_ms: int, last_voiced_end_ms: int, now_ms: int) -> None:
+        """A turn that began at ``onset_ms`` is under way, whatever cues came since (the session
+        judged an overlap an interruption while ignoring them): its voice last ended at
+        ``last_voiced_end_ms``, and the silence since counts towards its end."""
+        self.speaking, self.paused = True, False
+        self._onset_ms = onset_ms
+        self._last_voiced_end_ms = last_voiced_end_ms
+        self._unvoiced_ms = max(0, now_ms - last_voiced_end_ms)
+
     def reset(self) -> None:
         self.speaking = self.paused = False
         self._window.clear()

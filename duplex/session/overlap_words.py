@@ -1,0 +1,98 @@
+"""What a caller said over the agent's reply, for the barge-in that listens (``overlap.py``).
+
+The words: a transcript is normalised (lower case, punctuation and Whisper's bracketed sound
+notes like "(coughs)" dropped, "uh-huh" and "uh huh" alike) and is a backchannel when every word
+belongs to one of ``BACKCHANNELS`` ("yeah okay", "oh I see"). Hesitations ("um", "uh") are not
+backchannels: they take the floor. No words at all (noise, a cough) says nothing.
+
+The ears: ``OverlapEars`` sends the overlap's audio to the pipeline as an ``OverlapProbe``
+request (one per paused reply; the runtime routes it to the ASR stage and back, no further), and
+hands the session each ``Transcript`` and the probe's end. Every probe ends: its input is closed
+when the sound ends (the ASR's final transcript), and it is aborted when the overlap is settled
+first or the session closes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from duplex.runtime.contract import CallerAudio, OverlapProbe, Transcript
+from duplex.session.port import Turn, TurnEnded, VoiceRuntime
+
+# Each a phrase of normalised words; a transcript made only of these is a backchannel.
+BACKCHANNELS: frozenset[tuple[str, ...]] = frozenset(tuple(phrase.split()) for phrase in (
+    "uh huh", "uhhuh", "uh hum", "mm hmm", "mmhmm", "mhm", "mm", "mmm", "hmm", "hm", "um hmm", "aha", "ah", "oh",
+    "ooh", "yeah", "yea", "yes", "yep", "yup", "ya", "okay", "ok", "kay", "alright", "all right", "right",
+    "sure", "i see", "got it", "gotcha", "cool", "nice", "great", "good", "wow", "indeed", "exactly",
+    "of course", "that's right", "makes sense", "sounds good", "fine", "true",
+))
+_LONGEST = max(len(phrase) for phrase in BACKCHANNELS)
+_NOTES = re.compile(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*")  # Whisper's "(coughs)", "[Music]", "*sigh*"
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+
+
+def spoken_words(text: str) -> list[str]:
+    """The words of a transcript, normalised; [] when it holds no words (silence, a noise)."""
+    return _WORD.findall(_NOTES.sub(" ", text.lower()).replace("-", " "))
+
+
+def is_backchannel(words: list[str]) -> bool:
+    """Whether ``words`` (non-empty, normalised) are backchannel phrases one after another."""
+    reachable = [True] + [False] * len(words)  # reachable[i]: words[:i] split into phrases
+    for end in range(1, len(words) + 1):
+        reachable[end] = any(reachable[end - n] and tuple(words[end - n:end]) in BACKCHANNELS
+                             for n in range(1, min(_LONGEST, end) + 1))
+    return bool(words) and reachable[-1]
+
+
+class OverlapEars:
+    """The pipeline's ASR listening to one overlap at a time (see the module's doc)."""
+
+    def __init__(self, runtime: VoiceRuntime, session_id: str,
+                 spawn: Callable[[Coroutine[Any, Any, None]], None],
+                 on_words: Callable[[Transcript], None], on_end: Callable[[], None]) -> None:
+        self._runtime, self._session_id, self._spawn = runtime, session_id, spawn
+        self._on_words, self._on_end = on_words, on_end
+        self._turn: Turn | None = None
+        self.input_open = False  # the probe still takes audio
+        self.probes = 0  # probes started (stats)
+
+    @property
+    def live(self) -> bool:
+        return self._turn is not None
+
+    def start(self, audio: CallerAudio) -> None:
+        """A new overlap: a probe with its audio so far (the one before, if any, is aborted)."""
+        self.stop()
+        try:
+            turn = self._runtime.start(OverlapProbe(session_id=self._session_id))
+        except RuntimeError:  # the runtime is shutting down: the sound decides
+            return
+        self._turn, self.input_open = turn, True
+        self.probes += 1
+        turn.feed(audio)
+        self._spawn(self._listen(turn))
+
+    def feed(self, audio: CallerAudio, eos: bool = False) -> None:
+        if self._turn is not None and self.input_open:
+            self._turn.feed(audio, eos=eos)
+            self.input_open = not eos
+
+    def stop(self) -> None:
+        """The overlap is settled: its probe is not wanted any more (idempotent)."""
+        turn, self._turn, self.input_open = self._turn, None, False
+        if turn is not None:
+            turn.abort()
+
+    async def _listen(self, turn: Turn) -> None:
+        """Read the probe to its end (so nothing of it is left behind), telling only the current one."""
+        async for event in turn.events():
+            if self._turn is not turn:
+                continue  # stopped: its aborted end is read and dropped
+            if isinstance(event, Transcript):
+                self._on_words(event)
+            elif isinstance(event, TurnEnded):
+                self._turn, self.input_open = None, False
+                self._on_end()

@@ -1,0 +1,256 @@
+"""Barge-in that listens hears the words too (``barge_in.words``): the judge's rules with words on
+stream time, and a session in process (fake clock, scripted runtime) sending the overlap's audio
+as an ``OverlapProbe`` and settling by what the scripted ASR says, or by the sound when it says
+nothing in time."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from duplex.runtime.contract import OverlapProbe, TurnRequest
+from duplex.session import events as ev
+from duplex.session.config import BargeInConfig, SessionConfig
+from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
+from duplex.session.overlap_words import is_backchannel, spoken_words
+from duplex.session.protocol import handle_client_message
+from tests.session_fakes import FRAME_MS, Call, words
+from tests.test_session_call import SILENCE_MS, answering, play_until_idle
+
+CONFIG = BargeInConfig()
+WORDS = SessionConfig(overlap_probe_request=True)  # a pipeline whose ASR transcribes an overlap
+REPLY = ["this", "is", "a", "long", "answer", "to", "your", "question", "told", "at", "some", "length"]
+RESUME_FRAMES = CONFIG.resume_ms // FRAME_MS
+
+
+@pytest.mark.parametrize("text", ["Uh-huh.", "Mm-hmm.", "mhm", "Yeah, okay.", "Oh, I see.", "Got it!", "OK",
+                                  "Right, right.", "Yes.", "Sure (laughs)"])
+def test_backchannel_words(text):
+    assert is_backchannel(spoken_words(text))
+
+
+@pytest.mark.parametrize("text", ["Sorry,", "Wait.", "Stop.", "No.", "Um,", "Can I ask something else?",
+                                  "Yeah, but", "okay stop", "I"])
+def test_words_that_are_not_a_backchannel(text):
+    assert spoken_words(text) and not is_backchannel(spoken_words(text))
+
+
+def test_sound_notes_and_silence_are_no_words():
+    assert spoken_words("(coughing)") == spoken_words("[BLANK_AUDIO]") == spoken_words(" ... ") == []
+    assert not is_backchannel([])
+
+
+def listening(config: BargeInConfig = CONFIG, words_coming: bool = True) -> Listening[str]:
+    """Listening to an onset recognised with 80 ms voiced, words coming (or not)."""
+    heard: Listening[str] = Listening()
+    heard.begin(OverlapJudge(config, onset_ms=1000, now_ms=1080, voiced_ms=80), "reply", words_coming)
+    return heard
+
+
+def push(heard: Listening[str], frames: str):
+    """Frames written as 'v' (voiced) and '.' (unvoiced); (the verdict, frames taken)."""
+    for n, frame in enumerate(frames, 1):
+        settled = heard.push(FRAME_MS, frame == "v")
+        if settled is not None:
+            assert settled[1] == "reply"
+            return settled[0], n
+    return None, len(frames)
+
+
+def test_sorry_then_a_pause_waits_for_its_words_and_they_interrupt():
+    sorry = "v" * 15 + "." * 30  # "Sorry," (380 ms voiced), then 600 ms of silence
+    alone, n = push(listening(words_coming=False), sorry)  # the sound alone resumes at resume_ms
+    assert alone.kind is OverlapKind.BACKCHANNEL and n == 15 + RESUME_FRAMES
+    heard = listening()
+    assert push(heard, sorry) == (None, len(sorry)) and heard.waiting_words  # the reply stays paused
+    verdict, reply = heard.heard("Sorry,", final=True)
+    assert reply == "reply" and verdict.kind is OverlapKind.INTERRUPTION and verdict.words == "Sorry,"
+    assert verdict.onset_ms == 1000 and not heard.active
+
+
+def test_a_word_that_is_no_backchannel_interrupts_as_soon_as_it_is_heard():
+    heard = listening()
+    assert push(heard, "v" * 8) == (None, 8)  # "stop" is still being said
+    verdict, _ = heard.heard("Stop", final=False)  # a partial transcript
+    assert verdict.interrupts and verdict.words == "Stop" and verdict.span_ms == 80 + 8 * FRAME_MS
+
+
+def test_backchannel_words_resume_once_the_sound_has_ended_and_not_before():
+    heard = listening()
+    assert heard.heard("Uh-huh.", final=False) is None  # a partial backchannel says nothing yet
+    assert push(heard, "v" * 10 + "." * RESUME_FRAMES) == (None, 10 + RESUME_FRAMES)
+    verdict, _ = heard.heard("Uh-huh.", final=True)
+    assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words == "Uh-huh." and not verdict.interrupts
+    # final words that came before the sound's end decide at its end
+    early = listening()
+    assert early.heard("Okay.", final=True) is None
+    verdict, n = push(early, "v" * 10 + "." * 40)
+    assert n == 10 + RESUME_FRAMES and verdict.kind is OverlapKind.BACKCHANNEL and verdict.words == "Okay."
+
+
+def test_no_words_leave_the_verdict_to_the_sound():
+    heard = listening()
+    push(heard, "vv" + "." * RESUME_FRAMES)
+    verdict, _ = heard.heard("(coughs)", final=True)
+    assert verdict.kind is OverlapKind.NOISE and verdict.words is None
+
+
+def test_words_that_do_not_come_in_time_leave_the_verdict_to_the_sound():
+    config = BargeInConfig(words_wait_ms=800)
+    verdict, n = push(listening(config), "v" * 10 + "." * 100)
+    assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None
+    assert n == 10 + config.words_wait_ms // FRAME_MS  # counted from the sound's end
+    # a wait shorter than resume_ms waits for nothing
+    verdict, n = push(listening(BargeInConfig(words_wait_ms=0)), "v" * 10 + "." * 100)
+    assert n == 10 + RESUME_FRAMES and verdict.words is None
+
+
+def test_a_transcription_that_fails_leaves_the_verdict_to_the_sound_now_or_later():
+    waiting = listening()
+    push(waiting, "v" * 10 + "." * RESUME_FRAMES)
+    verdict, _ = waiting.words_lost()
+    assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None
+    early = listening()
+    assert early.words_lost() is None and early.heard("Stop", final=False) is None  # no words expected now
+    verdict, n = push(early, "v" * 10 + "." * 40)
+    assert n == 10 + RESUME_FRAMES and verdict.kind is OverlapKind.BACKCHANNEL
+
+
+def test_waiting_for_words_is_not_an_overlap_that_lingers():
+    config = BargeInConfig(max_overlap_ms=1000, interrupt_ms=600, words_wait_ms=2000)
+    heard = listening(config)
+    assert push(heard, "v" * 10 + "." * 60) == (None, 70)  # 1.48 s since the onset, the sound over
+    verdict, _ = heard.heard("Mm-hmm.", final=True)
+    assert verdict.kind is OverlapKind.BACKCHANNEL
+
+
+def test_speech_again_while_waiting_is_judged_by_the_sound_until_its_words_come():
+    heard = listening()
+    push(heard, "v" * 10 + "." * RESUME_FRAMES)
+    assert heard.waiting_words
+    assert push(heard, "v" * 5) == (None, 5) and not heard.waiting_words
+    heard.rehear()  # the whole overlap is transcribed again
+    assert heard.heard("Yeah.", final=True) is None  # the first words: the second sound is going on
+    verdict, _ = heard.heard("Yeah. No, stop.", final=False)
+    assert verdict.interrupts
+
+
+# -- a session in process -----------------------------------------------------------------------
+def probes(call: Call) -> list:
+    return [t for t in call.runtime.turns if isinstance(t.request, OverlapProbe)]
+
+
+def replies(call: Call) -> list:
+    return [t for t in call.runtime.turns if isinstance(t.request, TurnRequest)]
+
+
+async def test_sorry_and_a_pause_interrupt_by_their_words_and_the_reply_never_resumes():
+    call = Call(WORDS)
+    await answering(call, *REPLY, complete=False)
+    reply = call.runtime.last
+    await call.say(words("sorry"))
+    await call.quiet(CONFIG.resume_ms + 4 * FRAME_MS)  # longer than resume_ms: the sound alone would resume
+    [probe] = probes(call)
+    assert probe.request == OverlapProbe(session_id="sess_fake01") and probe.eos  # the sound's end: its final
+    assert not call.of_type(ev.ResponseResumed) and call.session.playout.paused and not reply.aborted
+    paused = call.of_type(ev.ResponsePaused)[0]
+    probe.transcript("Sorry,", final=True)
+    probe.complete()
+    await call.settle()
+    judged = call.of_type(ev.OverlapJudged)[0]
+    assert (judged.kind, judged.decided_by, judged.transcript) == ("interruption", "words", "Sorry,")
+    assert reply.aborted and not call.of_type(ev.ResponseResumed)
+    started = call.of_type(ev.SpeechStarted)[1]
+    assert started.audio_start_ms == paused.audio_start_ms  # the caller's turn from the onset, all its audio
+    await call.say(words("can I ask something else"))
+    await call.quiet(SILENCE_MS + 2 * FRAME_MS)
+    turn = replies(call)[-1]
+    stopped = call.of_type(ev.SpeechStopped)[-1]
+    assert len(replies(call)) == 2 and turn.eos  # one turn: "sorry", the pause and the question
+    prefix_ms = SessionConfig().vad.prefix_padding_ms
+    assert turn.fed_ms == prefix_ms + stopped.audio_end_ms + SILENCE_MS - started.audio_start_ms
+    # the probe heard the same audio, from the onset's prefix on, up to the sound's end and verdict
+    probe_audio = np.concatenate([a.samples for a in probe.fed])
+    assert np.array_equal(probe_audio, turn.fed[0].samples[:len(probe_audio)]) and probe.voiced == \
+        turn.voiced[:len(probe.voiced)] and probe.voiced[-RESUME_FRAMES:] == [False] * RESUME_FRAMES
+    assert call.session.stats()["barge_ins"] == 1
+
+
+async def test_a_lone_stop_interrupts_by_its_words_and_okay_resumes_with_its_words():
+    call = Call(WORDS)
+    await answering(call, *REPLY, complete=False)
+    reply = call.runtime.last
+    await call.say(words("okay"))
+    await call.quiet(CONFIG.resume_ms + 2 * FRAME_MS)
+    first = probes(call)[0]
+    first.transcript("Okay.", final=True)
+    first.complete()
+    await call.settle()
+    resumed = call.of_type(ev.ResponseResumed)
+    assert [(r.kind, r.transcript) for r in resumed] == [("backchannel", "Okay.")] and not reply.aborted
+    await call.quiet(CONFIG.rejoin_ms + 2 * FRAME_MS)
+    await call.say(words("stop"))  # a lone word under interrupt_ms: the sound alone would resume
+    second = probes(call)[1]
+    second.transcript("Stop.", final=False)
+    await call.settle()
+    assert reply.aborted and second.aborted and len(call.of_type(ev.ResponseResumed)) == 1
+    assert [j.decided_by for j in call.of_type(ev.OverlapJudged)] == ["words", "words"]
+
+
+async def test_an_asr_that_says_nothing_in_time_leaves_it_to_the_sound_and_its_probe_is_aborted():
+    async def resumed(config: SessionConfig) -> tuple[ev.ResponseResumed, Call]:
+        call = Call(config)
+        await answering(call, *REPLY)
+        await call.say(words("okay"))
+        await call.quiet(CONFIG.words_wait_ms + 2 * FRAME_MS)
+        [event] = call.of_type(ev.ResponseResumed)
+        return event, call
+
+    by_sound, _ = await resumed(SessionConfig())
+    waited, call = await resumed(WORDS)
+    assert waited.transcript is None and probes(call)[0].aborted
+    assert waited.overlap_ms - by_sound.overlap_ms == CONFIG.words_wait_ms - CONFIG.resume_ms  # from the sound's end
+    await play_until_idle(call)
+    assert [d.response.status for d in call.of_type(ev.ResponseDone)] == ["completed"]
+
+
+async def test_a_failed_transcription_resumes_by_the_sound_at_once():
+    call = Call(WORDS)
+    await answering(call, *REPLY)
+    await call.say(words("okay"))
+    await call.quiet(CONFIG.resume_ms + 2 * FRAME_MS)
+    probes(call)[0].fail("asr down")
+    await call.settle()
+    [resumed] = call.of_type(ev.ResponseResumed)
+    assert resumed.kind == "backchannel" and resumed.transcript is None
+
+
+async def test_no_probe_where_the_pipeline_has_no_words_or_the_client_turns_them_off():
+    call = Call()  # overlap_probe_request false: toy-voice's syllable measure, omni-tiny
+    await answering(call, *REPLY)
+    await call.say(words("okay"))
+    await call.quiet(CONFIG.resume_ms + 2 * FRAME_MS)
+    assert not probes(call) and call.of_type(ev.ResponseResumed)[0].transcript is None
+    call = Call(WORDS)
+    update = {"type": "session.update", "session": {"barge_in": {"words": False, "words_wait_ms": 500}}}
+    handle_client_message(call.session, json.dumps(update), "toy")
+    assert call.of_type(ev.SessionUpdated)[-1].session["barge_in"]["words"] is False
+    await answering(call, *REPLY)
+    await call.say(words("okay"))
+    await call.quiet(CONFIG.resume_ms + 2 * FRAME_MS)
+    assert not probes(call) and call.of_type(ev.ResponseResumed)[0].transcript is None
+    handle_client_message(call.session, json.dumps({"type": "session.update", "session": {
+        "barge_in": {"words_wait_ms": 9000}}}), "toy")
+    assert "words_wait_ms" in call.of_type(ev.ErrorEvent)[-1].error.message
+
+
+async def test_hanging_up_while_the_words_are_awaited_aborts_the_probe():
+    call = Call(WORDS)
+    await answering(call, *REPLY, complete=False)
+    await call.say(words("okay"))
+    await call.quiet(CONFIG.resume_ms + 2 * FRAME_MS)
+    probe = probes(call)[0]
+    await call.session.close()
+    assert probe.aborted and probe.read_to_end
