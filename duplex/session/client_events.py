@@ -70,6 +70,7 @@ class TurnDetection(_Settings, kw_only=True):
     prefix_padding_ms: PrefixPaddingMs | None = None
     silence_duration_ms: SilenceMs | None = None
     eagerness: Literal["low", "medium", "high", "auto"] | None = None  # semantic_vad
+    speculate_ms: PauseMs | None = None  # ours, semantic_vad: the pause that starts the answer (<= check)
 
 
 class AudioFormat(_Settings, kw_only=True):

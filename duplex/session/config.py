@@ -98,7 +98,10 @@ class SemanticTurnConfig(_Strict):
     ends there; not: it waits for more, up to the eagerness' longest pause (or ``max_silence_ms``)."""
 
     eagerness: Eagerness = "auto"
-    check_ms: int = Field(200, ge=60, le=2000)  # the pause at which the turn is judged (and speculated on)
+    check_ms: int = Field(200, ge=60, le=2000)  # the pause at which the turn is judged
+    # the pause at which the answer starts (held until the turn ends), so that it is under way when
+    # the judge says "complete"; default: check_ms. A pause that ends sooner costs an aborted answer.
+    speculate_ms: int | None = Field(None, ge=20, le=2000)
     threshold: float | None = Field(None, ge=0, le=1)  # default: the eagerness'
     max_silence_ms: int | None = Field(None, ge=200, le=10_000)  # default: the eagerness'
 
@@ -109,6 +112,17 @@ class SemanticTurnConfig(_Strict):
     @property
     def longest_pause_ms(self) -> int:
         return EAGERNESS[self.eagerness][1] if self.max_silence_ms is None else self.max_silence_ms
+
+    @property
+    def speculate_at_ms(self) -> int:
+        return self.check_ms if self.speculate_ms is None else self.speculate_ms
+
+    @model_validator(mode="after")
+    def _check(self) -> SemanticTurnConfig:
+        if self.speculate_ms is not None and self.speculate_ms > self.check_ms:
+            raise ValueError(f"semantic.speculate_ms ({self.speculate_ms}) must be at most semantic.check_ms "
+                             f"({self.check_ms}): the answer to a turn judged complete must be under way")
+        return self
 
 
 class SessionConfig(_Strict):
@@ -154,8 +168,13 @@ class SessionConfig(_Strict):
 
     @property
     def pause_ms(self) -> int | None:
-        """The pause that starts a speculative response and, with semantic turns, judges the turn
-        (semantic turns judge at ``check_ms`` and speculate there too); None: no pause cue."""
+        """The pause that starts a speculative response (semantic turns: ``semantic.speculate_ms``,
+        by default ``check_ms``); None: no pause cue."""
         if self.semantic_turns:
-            return self.semantic.check_ms
+            return self.semantic.speculate_at_ms
         return self.preemptive_generation.pause_ms if self.preemptive_generation.enabled else None
+
+    @property
+    def judge_ms(self) -> int | None:
+        """The pause at which the turn is judged (semantic turns); None: turns end by silence."""
+        return self.semantic.check_ms if self.semantic_turns else None

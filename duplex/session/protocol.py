@@ -26,6 +26,7 @@ def describe_session(session: VoiceSession, model: str) -> dict:
         turn_detection = None
     elif session.config.semantic_turns:
         turn_detection = {"type": "semantic_vad", "eagerness": session.config.semantic.eagerness,
+                          "speculate_ms": session.config.semantic.speculate_at_ms,
                           "prefix_padding_ms": vad.prefix_padding_ms}
     return {"id": session.session_id, "object": "realtime.session", "type": "realtime", "model": model,
             "instructions": session.config.instructions,
@@ -59,11 +60,14 @@ def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> Sessi
         if detection.type not in ("server_vad", "semantic_vad"):
             raise ValueError(f"turn_detection.type {detection.type!r}: server_vad, semantic_vad or none (null) "
                              f"are supported")
-        if detection.eagerness is not None and detection.type != "semantic_vad":
-            raise ValueError("turn_detection.eagerness applies to semantic_vad only")
+        for name in ("eagerness", "speculate_ms"):
+            if getattr(detection, name) is not None and detection.type != "semantic_vad":
+                raise ValueError(f"turn_detection.{name} applies to semantic_vad only")
         data["turn_detection"] = detection.type
         if detection.eagerness is not None:
             data["semantic"]["eagerness"] = detection.eagerness
+        if detection.speculate_ms is not None:
+            data["semantic"]["speculate_ms"] = detection.speculate_ms
         if detection.threshold is not None:
             if not 0.0 <= detection.threshold <= 1.0:
                 raise ValueError("turn_detection.threshold must be within 0..1")

@@ -137,7 +137,7 @@ class VoiceSession(ListeningSession):
         elif isinstance(cue, SpeechStopped):
             self._on_speech_stopped(cue.end_ms)
         elif isinstance(cue, SpeechPaused):
-            self._on_pause(cue.end_ms)
+            self._on_pause(cue)
         elif isinstance(cue, SpeechResumed):
             self.judge.forget()
             self._resume(cue.at_ms)
@@ -206,10 +206,11 @@ class VoiceSession(ListeningSession):
             self._apply(response, event)
 
     # -- preemptive generation, semantic turns --------------------------------------------------
-    def _on_pause(self, end_ms: int) -> None:
-        self._speculate(end_ms)  # pauses are reported only to speculate on (and judge, semantic turns)
-        if self.config.semantic_turns:
-            self.judge.judge(end_ms, self.audio.turn_samples())
+    def _on_pause(self, cue: SpeechPaused) -> None:
+        if cue.speculate:  # pauses are reported only to speculate on and (semantic turns) to judge
+            self._speculate(cue.end_ms)
+        if cue.judge and self.config.semantic_turns:
+            self.judge.judge(cue.end_ms, self.audio.turn_samples())
 
     def _on_judged(self, judgement: TurnJudgement) -> None:
         response = self._response

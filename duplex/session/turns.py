@@ -8,7 +8,9 @@ stream time (ms of audio pushed), never wall time, so they are tested without a 
   pause, the judge in ``endpoint.py`` ending it sooner), or once it has lasted ``max_turn_s``;
 - with preemptive generation on, a pause of ``pause_ms`` (shorter than ``silence_ms``) is
   reported, so the session can close the turn's input and start the answer while it waits out
-  the rest of the silence; voice again after such a pause is reported as a resume.
+  the rest of the silence; voice again after such a pause is reported as a resume;
+- with semantic turns, a pause of ``judge_ms`` is reported for judging (with the speculation's
+  cue when the two are equal; ``pause_ms`` may be shorter, so the answer is under way by then).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class SpeechStopped:
 @dataclass(frozen=True)
 class SpeechPaused:
     end_ms: int  # stream time just after the last voiced frame; the turn may still go on
+    speculate: bool = True  # the pause is ``pause_ms`` long: start the answer
+    judge: bool = False  # the pause is ``judge_ms`` long: judge whether the turn is over
 
 
 @dataclass(frozen=True)
@@ -52,9 +56,11 @@ TurnCue = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
 
 class TurnDetector:
     def __init__(self, config: VadConfig, pause_ms: int | None = None, max_turn_ms: int | None = None,
-                 silence_ms: int | None = None) -> None:
+                 silence_ms: int | None = None, judge_ms: int | None = None) -> None:
         self.config = config
-        self.pause_ms = pause_ms  # None: no pause cues (preemption off)
+        self.pause_ms = pause_ms  # None: no speculation cues (preemption off)
+        self.judge_ms = judge_ms  # None: no judging cues (turns end by silence)
+        self.judged = False  # the judging cue of the pause going on was reported
         self.silence_ms = config.silence_ms if silence_ms is None else silence_ms
         self.max_turn_ms = max_turn_ms  # None: a turn may last forever
         self.speaking = False
@@ -66,7 +72,7 @@ class TurnDetector:
 
     @classmethod
     def for_session(cls, config: SessionConfig) -> TurnDetector:
-        return cls(config.vad, config.pause_ms, round(1000 * config.max_turn_s), config.silence_ms)
+        return cls(config.vad, config.pause_ms, round(1000 * config.max_turn_s), config.silence_ms, config.judge_ms)
 
     def push(self, frame_start_ms: int, voiced: bool) -> TurnCue | None:
         """One frame's verdict; returns the cue this frame completes, if any."""
@@ -75,8 +81,8 @@ class TurnDetector:
         if voiced:
             self._unvoiced_ms = 0
             self._last_voiced_end_ms = frame_start_ms + frame_ms
-            if self.paused:
-                self.paused = False
+            if self.paused or self.judged:
+                self.paused = self.judged = False
                 return SpeechResumed(at_ms=frame_start_ms)
         else:
             self._unvoiced_ms += frame_ms
@@ -85,13 +91,22 @@ class TurnDetector:
         if self._unvoiced_ms >= self.silence_ms:
             self.reset()
             return SpeechStopped(end_ms=self._last_voiced_end_ms)
-        if self.pause_ms is not None and not self.paused and self._unvoiced_ms >= self.pause_ms:
-            self.paused = True
-            return SpeechPaused(end_ms=self._last_voiced_end_ms)
+        if (cue := self._pause_cue()) is not None:
+            return cue
         if self.max_turn_ms is not None and frame_start_ms - self._onset_ms > self.max_turn_ms:
             self.reset()
             return SpeechStopped(end_ms=frame_start_ms + frame_ms, reason=StopReason.MAX_LENGTH)
         return None
+
+    def _pause_cue(self) -> SpeechPaused | None:
+        """The pause's speculation and judging cues, each once (one cue when both are due)."""
+        speculate = self.pause_ms is not None and not self.paused and self._unvoiced_ms >= self.pause_ms
+        judge = self.judge_ms is not None and not self.judged and self._unvoiced_ms >= self.judge_ms
+        if not (speculate or judge):
+            return None
+        self.paused |= speculate
+        self.judged |= judge
+        return SpeechPaused(end_ms=self._last_voiced_end_ms, speculate=speculate, judge=judge)
 
     def _maybe_start(self) -> SpeechStarted | None:
         voiced_ms = self.config.frame_ms * sum(1 for _, v in self._window if v)
@@ -104,7 +119,7 @@ class TurnDetector:
     @property
     def pause_end_ms(self) -> int | None:
         """The end of speech of the pause going on now (it names the pause), or None."""
-        return self._last_voiced_end_ms if self.speaking and self.paused else None
+        return self._last_voiced_end_ms if self.speaking and (self.paused or self.judged) else None
 
     def end_now(self, pause_end_ms: int) -> SpeechStopped | None:
         """End the turn in the pause ``pause_end_ms`` (judged complete), if that pause still goes on."""
@@ -117,12 +132,12 @@ class TurnDetector:
         """A turn that began at ``onset_ms`` is under way, whatever cues came since (the session
         judged an overlap an interruption while ignoring them): its voice last ended at
         ``last_voiced_end_ms``, and the silence since counts towards its end."""
-        self.speaking, self.paused = True, False
+        self.speaking, self.paused, self.judged = True, False, False
         self._onset_ms = onset_ms
         self._last_voiced_end_ms = last_voiced_end_ms
         self._unvoiced_ms = max(0, now_ms - last_voiced_end_ms)
 
     def reset(self) -> None:
-        self.speaking = self.paused = False
+        self.speaking = self.paused = self.judged = False
         self._window.clear()
         self._unvoiced_ms = 0

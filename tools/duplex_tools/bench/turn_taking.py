@@ -36,7 +36,12 @@ from duplex_tools.scenario.runner import run_scenario
 MODES = {"semantic + listen": {"turn_detection": {"type": "semantic_vad"}, "barge_in": {"mode": "listen"}},
          "silence + listen": {"barge_in": {"mode": "listen"}},
          "silence + onset (first wave)": {"barge_in": {"mode": "onset"}}}
+MODE_KEYS = {"semantic": "semantic + listen", "silence": "silence + listen", "onset": "silence + onset (first wave)"}
+EARLY = "semantic-early"  # --modes key: semantic turns that speculate at --speculate-ms, before the judgement
 QUESTION = {"say": "Could you tell me a little about your menu today?", "expect": {"reply": True}}
+# the ``question`` category (on request): questions alone, for end of speech -> first audio
+QUESTIONS = (QUESTION["say"], "What toppings do you have?", "How much is a regular mango tea?")
+CATEGORIES = ("pause", "backchannel", "noise", "interruption", "question")
 # a pause mid-sentence: plainly, and trailing off in a filler (as people pause to think)
 PAUSES = (("I would like to order a large", "mango tea with pearls please."),
           ("I would like to order a large, um,", "mango tea with pearls please."))
@@ -66,7 +71,24 @@ def scenarios(session: dict, voice: str) -> list[tuple[str, Scenario]]:
     for text in INTERRUPTIONS:
         made.append(("interruption", _scenario("interruption", [
             QUESTION, {"say": text, "at": OVERLAP_AT, "expect": {"interrupts": True, "reply": True}}], session, voice)))
+    for text in QUESTIONS:
+        made.append(("question", _scenario("question", [{"say": text, "expect": {"reply": True}}], session, voice)))
     return made
+
+
+def modes(keys: list[str], speculate_ms: int) -> dict[str, dict]:
+    """The modes ``--modes`` names, by their report names, in the order given."""
+    chosen = {}
+    for key in keys:
+        if key == EARLY:
+            detection = {"type": "semantic_vad", "speculate_ms": speculate_ms}
+            chosen[f"semantic, speculate at {speculate_ms} ms + listen"] = {"turn_detection": detection,
+                                                                             "barge_in": {"mode": "listen"}}
+        elif key in MODE_KEYS:
+            chosen[MODE_KEYS[key]] = MODES[MODE_KEYS[key]]
+        else:
+            raise SystemExit(f"--modes: unknown mode {key!r} (known: {', '.join([*MODE_KEYS, EARLY])})")
+    return chosen
 
 
 @dataclass
@@ -87,7 +109,9 @@ class Category:
         self.trials += 1
         if first.ttfb_ms is not None and category != "pause":
             self.ttfb_ms.append(first.ttfb_ms)
-        if category == "pause":
+        if category == "question":
+            self.take_overs += first.ttfb_ms is not None  # here a take-over is the answer
+        elif category == "pause":
             self.take_overs += bool(first.took_over)
             if last.ttfb_ms is not None:
                 self.ttfb_ms.append(last.ttfb_ms)
@@ -119,16 +143,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="times each scenario is played per mode")
     parser.add_argument("--voice", default=PIPER, help="the caller's voice: piper (default; the local "
                         "pipeline's Piper voice) or an espeak-ng voice such as en-us")
+    parser.add_argument("--modes", default="semantic,silence,onset",
+                        help=f"modes side by side, comma-separated: semantic, silence, onset, {EARLY} "
+                             "(semantic turns speculating at --speculate-ms); default semantic,silence,onset")
+    parser.add_argument("--speculate-ms", type=int, default=100,
+                        help=f"the {EARLY} mode's speculation pause (default 100; the judgement stays at 200)")
+    parser.add_argument("--categories", default="pause,backchannel,noise,interruption",
+                        help=f"categories to play, comma-separated, of {', '.join(CATEGORIES)} "
+                             "(question: three questions alone, for the time to first audio)")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", help="write a PNG of the take-over rates and latencies here")
     parser.set_defaults(func=run, takes_overrides=False)
 
 
-async def _measure(url: str, rounds: int, voice: str) -> dict[str, dict[str, Category]]:
+def _categories(value: str) -> list[str]:
+    chosen = [c for c in value.split(",") if c]
+    unknown = [c for c in chosen if c not in CATEGORIES]
+    if unknown or not chosen:
+        raise SystemExit(f"--categories: unknown {unknown or value!r} (known: {', '.join(CATEGORIES)})")
+    return chosen
+
+
+async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, dict],
+                   categories_played: list[str]) -> dict[str, dict[str, Category]]:
     results: dict[str, dict[str, Category]] = {}
-    for mode, session in MODES.items():
+    for mode, session in chosen_modes.items():
         categories: dict[str, Category] = {}
-        made = scenarios(session, voice)
+        made = [(c, scenario) for c, scenario in scenarios(session, voice) if c in categories_played]
         for round_ in range(rounds):
             for n, (category, scenario) in enumerate(made, 1):
                 recording = await run_scenario(scenario, url, exclusive=True)
@@ -142,10 +183,12 @@ async def _measure(url: str, rounds: int, voice: str) -> dict[str, dict[str, Cat
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    chosen_modes = modes([m for m in args.modes.split(",") if m], args.speculate_ms)
+    categories_played = _categories(args.categories)
     use_loopback_candidates(True)
     print(f"starting `duplex serve --config {args.config}` ...", file=sys.stderr, flush=True)
     with ServerProcess(["--config", args.config, "--port", "0", "--ice-loopback"]) as server:
-        measured = asyncio.run(_measure(server.url, args.rounds, args.voice))
+        measured = asyncio.run(_measure(server.url, args.rounds, args.voice, chosen_modes, categories_played))
     report = {"config": args.config, "rounds": args.rounds, "voice": args.voice,
               "modes": {mode: {c: cat.summary() for c, cat in cats.items()} for mode, cats in measured.items()}}
     rows = []
@@ -155,7 +198,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
                          s["stop_ms"]["p95"], s["answer_ms"]["p50"], s["resume_ms"]["p50"], s["resume_ms"]["p95"]])
     print(table(["mode", "category", "take-overs", "failed", "ttfb p50 ms", "stop p95 ms", "answer p50 ms",
                  "resume p50 ms", "resume p95 ms"], rows))
-    print("take-over: pause/backchannel/noise = the agent took the floor (lower is better); "
+    print("take-over: pause/backchannel/noise = the agent took the floor (lower is better); question = answered; "
           "interruption = it yielded and answered (higher is better)")
     write_json(args.json_path, report)
     if args.plot:
