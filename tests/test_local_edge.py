@@ -1,6 +1,8 @@
 """The default server (`duplex serve`, configs/local.yaml) called over real WebRTC on loopback:
 a spoken order synthesized at test time goes in through the edge, and the agent's reply comes
-back as audio that Whisper can understand. Then a barge-in, after which no stage holds anything."""
+back as audio that Whisper can understand. Then a barge-in, after which no stage holds anything,
+and the barge-in that hears the words: "uh-huh" over the reply resumes it, "Sorry," and a pause
+longer than ``resume_ms`` cut it for good (the sound alone would resume it in that pause)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,16 @@ def server():
 @pytest.fixture(scope="module")
 def order() -> np.ndarray:
     return speak(ORDER, rate=48000)
+
+
+@pytest.fixture(scope="module")
+def overlaps() -> tuple[np.ndarray, np.ndarray]:
+    """ "Uh-huh." and "Sorry," + a pause + "can I ask something else?" (Piper, 48 kHz). The pause
+    (Piper's own after the comma, ~240 ms, and 100 ms) is longer than ``resume_ms`` (the sound
+    alone resumes the reply there) and shorter than the silence that ends a turn (one turn)."""
+    pause = np.zeros(int(48000 * 0.1), np.float32)
+    sorry = np.concatenate([speak("Sorry,", rate=48000), pause, speak("can I ask something else?", rate=48000)])
+    return speak("Uh-huh.", rate=48000), sorry
 
 
 @pytest.fixture(scope="module")
@@ -119,5 +131,57 @@ async def test_barge_in_frees_the_thinker(server, question_and_interruption):
         thinker = final["stages"]["thinker"]
         assert thinker["resources"]["kv_slots"] == 0
         assert thinker["counters"]["aborted"] > aborted_before, "the barge-in must abort the reply in the thinker"
+    finally:
+        await client.hang_up()
+
+
+async def _overlap(client: RealtimeClient, question: np.ndarray, clips: list[np.ndarray]) -> tuple[str, dict]:
+    """Ask, then play each clip over the reply once 0.5 s more of it was heard (each but the last
+    resumes it); the reply's id and where the last cut it (``conversation.item.truncated``)."""
+    created = await ask(client, question, timeout=60)
+    response_id = created["response"]["id"]
+    since = client.time_of(await client.wait_event("output_audio_buffer.started", timeout=60,
+                                                   response_id=response_id))
+    for clip in clips[:-1]:
+        await hear(client, since, 0.5, timeout=30)
+        client.mic.play(clip)
+        since = client.time_of(await client.wait_event("duplex.response.resumed", timeout=30, after=since,
+                                                       response_id=response_id))
+    await hear(client, since, 0.5, timeout=30)
+    client.mic.play(clips[-1])
+    return response_id, await client.wait_event("conversation.item.truncated", timeout=30, after=since)
+
+
+async def test_the_barge_in_hears_the_words_uh_huh_resumes_and_sorry_with_a_pause_cuts(
+        server, question_and_interruption, overlaps):
+    question, _ = question_and_interruption
+    uh_huh, sorry = overlaps
+    # the sound alone (words off) resumes the reply in the pause after "Sorry," before the rest cuts it
+    deaf = RealtimeClient(server.url)
+    await deaf.connect(session={"barge_in": {"words": False}})
+    try:
+        response_id, _ = await _overlap(deaf, question, [sorry])
+        assert [r["response_id"] for r in deaf.of_type("duplex.response.resumed")] == [response_id]
+    finally:
+        await deaf.hang_up()
+    await _wait_idle(server.url)
+    asr_before = (await _stats(server.url))["stages"]["asr"]["counters"]["admitted"]
+    client = RealtimeClient(server.url)
+    await client.connect()
+    try:
+        response_id, cut = await _overlap(client, question, [uh_huh, sorry])
+        judged = [j for j in client.of_type("duplex.overlap.judged") if j["response_id"] == response_id]
+        print(f"\njudged: {judged}")
+        assert [j["kind"] for j in judged][1:] == ["interruption"], judged
+        resumed = [r for r in client.of_type("duplex.response.resumed") if r["response_id"] == response_id]
+        assert len(resumed) == 1 and resumed[0]["transcript"] == judged[0]["transcript"]  # the uh-huh's only
+        turn = await client.wait_event("conversation.item.input_audio_transcription.completed", timeout=60,
+                                       after=client.time_of(cut))
+        said = turn["transcript"].lower()
+        assert "sorry" in said and "ask" in said, turn  # one turn from the onset: both halves
+        await _response_done(client, await client.wait_event("response.created", timeout=60,
+                                                             after=client.time_of(cut)), timeout=180)
+        final = await _wait_idle(server.url)  # every probe ended: nothing held anywhere
+        assert final["stages"]["asr"]["counters"]["admitted"] >= asr_before + 3  # 2 turns, the probes
     finally:
         await client.hang_up()

@@ -37,9 +37,23 @@ def test_words_that_are_not_a_backchannel(text):
     assert spoken_words(text) and not is_backchannel(spoken_words(text))
 
 
-def test_sound_notes_and_silence_are_no_words():
+def test_sound_notes_silence_and_spelled_hums_are_no_words():
     assert spoken_words("(coughing)") == spoken_words("[BLANK_AUDIO]") == spoken_words(" ... ") == []
+    assert spoken_words("M.A.") == spoken_words("M. H. N.") == [] and spoken_words("I see") == ["i", "see"]
     assert not is_backchannel([])
+
+
+def test_words_a_noise_could_not_have_said_leave_it_to_the_sound():
+    """Whisper-base on a 0.3 s cough said "I'm not a good guy.", on a 0.15 s burst "I'm"."""
+    cough = listening()
+    push(cough, "v" * 8 + "." * RESUME_FRAMES)  # 240 ms voiced: not five words
+    verdict, _ = cough.heard("I'm not a good guy.", final=True)
+    assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None
+    burst = listening()
+    assert burst.heard("I'm", final=False) is None  # 80 ms voiced: under noise_ms, no word is credible
+    assert push(burst, "vv" + "." * RESUME_FRAMES) == (None, 2 + RESUME_FRAMES)
+    verdict, _ = burst.heard("I'm", final=True)
+    assert verdict.kind is OverlapKind.NOISE and verdict.words is None
 
 
 def listening(config: BargeInConfig = CONFIG, words_coming: bool = True) -> Listening[str]:
@@ -178,7 +192,7 @@ async def test_sorry_and_a_pause_interrupt_by_their_words_and_the_reply_never_re
     assert call.session.stats()["barge_ins"] == 1
 
 
-async def test_a_lone_stop_interrupts_by_its_words_and_okay_resumes_with_its_words():
+async def test_a_short_command_interrupts_by_its_words_and_okay_resumes_with_its_words():
     call = Call(WORDS)
     await answering(call, *REPLY, complete=False)
     reply = call.runtime.last
@@ -191,9 +205,9 @@ async def test_a_lone_stop_interrupts_by_its_words_and_okay_resumes_with_its_wor
     resumed = call.of_type(ev.ResponseResumed)
     assert [(r.kind, r.transcript) for r in resumed] == [("backchannel", "Okay.")] and not reply.aborted
     await call.quiet(CONFIG.rejoin_ms + 2 * FRAME_MS)
-    await call.say(words("stop"))  # a lone word under interrupt_ms: the sound alone would resume
+    await call.say(words("stop it"))  # a short command, under interrupt_ms: the sound alone would resume
     second = probes(call)[1]
-    second.transcript("Stop.", final=False)
+    second.transcript("Stop it.", final=False)
     await call.settle()
     assert reply.aborted and second.aborted and len(call.of_type(ev.ResponseResumed)) == 1
     assert [j.decided_by for j in call.of_type(ev.OverlapJudged)] == ["words", "words"]
@@ -254,3 +268,42 @@ async def test_hanging_up_while_the_words_are_awaited_aborts_the_probe():
     probe = probes(call)[0]
     await call.session.close()
     assert probe.aborted and probe.read_to_end
+
+
+async def test_speech_again_before_the_words_come_waits_for_them_and_they_still_cut():
+    call = Call(WORDS)
+    await answering(call, *REPLY, complete=False)
+    reply = call.runtime.last
+    await call.say(words("sorry"))
+    await call.quiet(CONFIG.resume_ms + 2 * FRAME_MS)
+    await call.say(words("can"))  # the caller goes on before the words of "sorry" are back
+    [probe] = probes(call)
+    assert probe.eos and not probe.aborted and not reply.aborted and not call.of_type(ev.ResponseResumed)
+    probe.transcript("Sorry,", final=True)
+    probe.complete()
+    await call.settle()
+    assert reply.aborted and call.of_type(ev.OverlapJudged)[0].transcript == "Sorry,"
+    await call.say(words("I ask something else"))
+    await call.quiet(SILENCE_MS + 2 * FRAME_MS)
+    assert len(replies(call)) == 2 and replies(call)[-1].eos and len(call.of_type(ev.SpeechStopped)) == 2
+    assert not call.of_type(ev.ResponseResumed) and len(probes(call)) == 1
+
+
+async def test_speech_again_after_backchannel_words_is_heard_anew():
+    call = Call(WORDS)
+    await answering(call, *REPLY, complete=False)
+    reply = call.runtime.last
+    await call.say(words("yeah"))
+    await call.quiet(CONFIG.resume_ms + 2 * FRAME_MS)  # the sound's end: its final words are asked for
+    await call.say(words("wait"))  # ... and the caller goes on before they come
+    first = probes(call)[0]
+    first.transcript("Yeah.", final=True)  # a backchannel: the second sound says more
+    first.complete()
+    await call.settle()
+    assert not call.of_type(ev.OverlapJudged) and len(probes(call)) == 1
+    await call.say(words("wait"))
+    second = probes(call)[1]  # the whole overlap, heard anew from its onset's prefix
+    assert np.array_equal(second.fed[0].samples[:len(first.fed[0].samples)], first.fed[0].samples)
+    second.transcript("Yeah. Wait, wait.", final=False)
+    await call.settle()
+    assert reply.aborted and call.of_type(ev.OverlapJudged)[0].transcript == "Yeah. Wait, wait."

@@ -22,7 +22,9 @@ shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed 
 - when the sound says "resume", the reply stays paused until the final words: a backchannel
   resumes it (``BACKCHANNEL``), other words interrupt, no words leave the sound's verdict;
 - words that are not back ``words_wait_ms`` after the sound's end, or a probe that ends without
-  them, leave the sound's verdict too: the decision never hangs on the ASR.
+  them, leave the sound's verdict too: the decision never hangs on the ASR;
+- words the sound could not have said (``overlap_words.credible``: Whisper's sentences made up
+  from a cough) are no words.
 
 Sessions that want every onset to interrupt set ``barge_in.mode: onset``.
 """
@@ -34,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from duplex.session.config import BargeInConfig
-from duplex.session.overlap_words import is_backchannel, spoken_words
+from duplex.session.overlap_words import credible, is_backchannel, spoken_words
 
 R = TypeVar("R")
 
@@ -170,7 +172,7 @@ class Listening(Generic[R]):
         """Words of the overlap (a partial or the final transcript); the verdict if they decide it."""
         if self.judge is None or not self._words_coming:
             return None
-        words = spoken_words(text)
+        words = self._credible(spoken_words(text), self.judge.voiced_ms)
         if words and not is_backchannel(words):  # "sorry", "stop": an interruption, whatever comes
             return self._settle(replace(self.judge.now(OverlapKind.INTERRUPTION), words=text))
         if final:
@@ -195,10 +197,14 @@ class Listening(Generic[R]):
     def drop(self) -> None:
         self.judge = self.reply = self._held = None
 
-    @staticmethod
-    def _by_words(verdict: OverlapVerdict, text: str) -> OverlapVerdict:
+    def _credible(self, words: list[str], voiced_ms: int) -> list[str]:
+        """``words``, or none when the sound could not have said them (a noise Whisper put words to)."""
+        assert self.judge is not None
+        return words if credible(words, voiced_ms, self.judge.config.noise_ms) else []
+
+    def _by_words(self, verdict: OverlapVerdict, text: str) -> OverlapVerdict:
         """The sound said resume; the final words say what it was (none: the sound's verdict)."""
-        words = spoken_words(text)
+        words = self._credible(spoken_words(text), verdict.voiced_ms)
         if not words:
             return verdict
         kind = OverlapKind.BACKCHANNEL if is_backchannel(words) else OverlapKind.INTERRUPTION
