@@ -7,6 +7,11 @@ that is not waits, up to the longest pause (``TurnDetector.silence_ms``).
 
 The model runs off the event loop (it is awaited in a session task) and its verdict arrives a
 few frames later; it counts only if the pause it was asked about still goes on then.
+
+The words must be those of the pause judged: an interim transcript lags the voice by up to a
+partial interval and often ends mid-sentence ("... a large taro milk tea with"), so where the
+pipeline transcribes (an interim came) the verdict waits for the speculation's final transcript,
+which covers the turn up to the pause. That costs the answer nothing: it needs that transcript too.
 """
 
 from __future__ import annotations
@@ -58,7 +63,10 @@ class EndOfTurnJudge:
         self._spawn = spawn
         self._settle = settle  # called once per judged pause, on the event loop
         self._words = ""  # the turn's latest transcript
+        self._transcribed = False  # a transcript of the turn came: its pipeline transcribes
+        self._final = False  # the latest transcript covers the turn up to the pause (the speculation's final)
         self._asked: int | None = None  # the pause being judged
+        self._waiting: tuple[int, float | None] | None = None  # a verdict waiting for the final words
 
     def reconfigure(self, config: SemanticTurnConfig, judging: bool) -> None:
         """``judging``: the session's turns are semantic from now on."""
@@ -66,34 +74,49 @@ class EndOfTurnJudge:
         if judging and self.model is not None:
             self.model.prepare()
 
-    def heard(self, text: str) -> None:
-        """The ASR's latest transcript of the turn (interim or final)."""
+    def heard(self, text: str, final: bool = True) -> None:
+        """The ASR's latest transcript of the turn (interim, or the final one of the speculation)."""
         if text:
             self._words = text
+        self._transcribed = True
+        self._final = final
+        if final and self._waiting is not None:
+            pause_end_ms, probability = self._waiting
+            self._decide(pause_end_ms, probability)
 
     def judge(self, pause_end_ms: int, audio: np.ndarray) -> None:
         """A pause of ``check_ms`` in the turn: judge it (now, or when the model answers)."""
         self._asked = pause_end_ms
         if self.model is None:
-            self._decide(pause_end_ms, None)
+            self._verdict(pause_end_ms, None)
             return
         self._spawn(self._ask(pause_end_ms, audio))
 
     def forget(self) -> None:
-        """The turn ended or the caller spoke again: no verdict pending counts any more."""
-        self._asked = None
+        """The turn ended or the caller spoke again: no verdict pending counts any more (and the
+        words so far no longer reach the end of the turn)."""
+        self._asked = self._waiting = None
+        self._final = False
 
     def new_turn(self) -> None:
-        self._asked, self._words = None, ""
+        self.forget()
+        self._words, self._transcribed = "", False
 
     async def _ask(self, pause_end_ms: int, audio: np.ndarray) -> None:
         assert self.model is not None
         probability = await self.model.complete_probability(audio)
         if self._asked == pause_end_ms:
-            self._decide(pause_end_ms, probability)
+            self._verdict(pause_end_ms, probability)
+
+    def _verdict(self, pause_end_ms: int, probability: float | None) -> None:
+        """The sound is judged: decide now, or once the words of the pause are in."""
+        if self._transcribed and not self._final:
+            self._waiting = (pause_end_ms, probability)
+            return
+        self._decide(pause_end_ms, probability)
 
     def _decide(self, pause_end_ms: int, probability: float | None) -> None:
         hangs = last_word_hangs(self._words)
         sounds_complete = probability is None or probability >= self.config.complete_at
-        self._asked = None
+        self._asked = self._waiting = None
         self._settle(TurnJudgement(pause_end_ms, probability, hangs, sounds_complete and not hangs))

@@ -289,7 +289,7 @@ class VoiceSession(ListeningSession):
     def _deliver(self, response: Response, event: TurnEvent) -> None:
         response.timing.saw(event, self._clock())  # when it arrived, held back or not
         if isinstance(event, Transcript) and response is self._response:
-            self.judge.heard(event.text)  # held or not: the judge reads the turn's words
+            self.judge.heard(event.text, event.final)  # held or not: the judge reads the turn's words
         if response.holds(event):
             response.held.append(event)
         else:

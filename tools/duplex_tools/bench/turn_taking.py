@@ -27,6 +27,7 @@ from pathlib import Path
 
 from duplex.edge.rtc_options import use_loopback_candidates
 from duplex_tools.bench.report import percentile, table, write_json
+from duplex_tools.bench.server_parts import mean_parts_ms, read_parts
 from duplex_tools.harness import ServerProcess
 from duplex_tools.scenario.audio import PIPER
 from duplex_tools.scenario.measure import ScenarioResult, measure
@@ -164,11 +165,13 @@ def _categories(value: str) -> list[str]:
     return chosen
 
 
-async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, dict],
-                   categories_played: list[str]) -> dict[str, dict[str, Category]]:
+async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, dict], categories_played: list[str],
+                   parts: dict[str, dict[str, float] | None]) -> dict[str, dict[str, Category]]:
+    """Each mode's categories; ``parts`` gets each mode's server-side mean per part of time to first audio."""
     results: dict[str, dict[str, Category]] = {}
     for mode, session in chosen_modes.items():
         categories: dict[str, Category] = {}
+        before = await read_parts(url)
         made = [(c, scenario) for c, scenario in scenarios(session, voice) if c in categories_played]
         for round_ in range(rounds):
             for n, (category, scenario) in enumerate(made, 1):
@@ -179,6 +182,7 @@ async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, di
                 print(f"  {mode}: round {round_ + 1}/{rounds}, scenario {n}/{len(made)} ({scenario.name}){failed}",
                       file=sys.stderr, flush=True)
         results[mode] = categories
+        parts[mode] = mean_parts_ms(before, await read_parts(url))
     return results
 
 
@@ -188,9 +192,11 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     use_loopback_candidates(True)
     print(f"starting `duplex serve --config {args.config}` ...", file=sys.stderr, flush=True)
     with ServerProcess(["--config", args.config, "--port", "0", "--ice-loopback"]) as server:
-        measured = asyncio.run(_measure(server.url, args.rounds, args.voice, chosen_modes, categories_played))
+        parts: dict[str, dict[str, float] | None] = {}
+        measured = asyncio.run(_measure(server.url, args.rounds, args.voice, chosen_modes, categories_played, parts))
     report = {"config": args.config, "rounds": args.rounds, "voice": args.voice,
-              "modes": {mode: {c: cat.summary() for c, cat in cats.items()} for mode, cats in measured.items()}}
+              "modes": {mode: {c: cat.summary() for c, cat in cats.items()} for mode, cats in measured.items()},
+              "server_parts_ms": parts}  # per mode: the server's mean per part of time to first audio
     rows = []
     for mode, cats in report["modes"].items():
         for category, s in cats.items():
@@ -200,6 +206,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
                  "resume p50 ms", "resume p95 ms"], rows))
     print("take-over: pause/backchannel/noise = the agent took the floor (lower is better); question = answered; "
           "interruption = it yielded and answered (higher is better)")
+    for mode, means in parts.items():
+        if means:
+            print(f"{mode}: the server's mean time to first audio by part (ms): "
+                  + ", ".join(f"{part} {ms:.0f}" for part, ms in means.items()))
     write_json(args.json_path, report)
     if args.plot:
         from duplex_tools.bench.turn_taking_plot import plot

@@ -1,0 +1,89 @@
+"""The words a semantic judgement reads are those of the pause judged (in process: fake clock,
+scripted runtime, an end-of-turn model answering when the test says). An interim transcript lags
+the voice and often ends mid-sentence ("... a tea with"); where the pipeline transcribes, the
+verdict waits for the speculation's final transcript, which covers the turn up to the pause."""
+
+from __future__ import annotations
+
+import asyncio
+
+from duplex.session import events as ev
+from duplex.session.config import SessionConfig
+from tests.session_fakes import Call, words
+from tests.test_session_endpoint import LOOP_STEPS, ScriptedModel, judged, speak_then_pause
+
+SEMANTIC = SessionConfig(turn_detection="semantic_vad")
+
+
+async def _steps() -> None:
+    for _ in range(LOOP_STEPS):
+        await asyncio.sleep(0)
+
+
+async def test_a_stale_interim_that_ends_on_a_hanging_word_does_not_veto_a_finished_turn():
+    model = ScriptedModel()
+    call = Call(SEMANTIC, turn_end=model)
+    await speak_then_pause(call, model, "i would like a tea with milk")
+    speculation = call.runtime.last
+    speculation.transcript("I would like a tea with", final=False)  # a partial from before the end
+    await call.settle()
+    model.answer(0.9)
+    await _steps()
+    assert not call.of_type(ev.TurnJudged) and not call.of_type(ev.SpeechStopped)  # waits for the final words
+    speculation.transcript("I would like a tea with milk.")
+    judgement = await judged(call)
+    assert judgement.complete and not judgement.words_hang and judgement.probability == 0.9
+    assert len(call.of_type(ev.SpeechStopped)) == 1 and len(call.of_type(ev.ResponseCreated)) == 1
+
+
+async def test_the_final_words_of_the_pause_still_veto():
+    model = ScriptedModel()
+    call = Call(SEMANTIC, turn_end=model)
+    await speak_then_pause(call, model, "i would like a large um")
+    speculation = call.runtime.last
+    speculation.transcript("I would like a", final=False)
+    await call.settle()
+    model.answer(0.95)
+    await _steps()
+    speculation.transcript("I would like a large, um")
+    judgement = await judged(call)
+    assert judgement.words_hang and not judgement.complete and not call.of_type(ev.SpeechStopped)
+
+
+async def test_a_final_that_came_before_the_verdict_is_read_at_once():
+    model = ScriptedModel()
+    call = Call(SEMANTIC, turn_end=model)
+    await speak_then_pause(call, model)
+    speculation = call.runtime.last
+    speculation.transcript("I would like a", final=False)
+    speculation.transcript("I would like a tea.")
+    await call.settle()
+    model.answer(0.9)
+    assert (await judged(call)).complete
+
+
+async def test_without_transcripts_the_sound_alone_decides_at_once():
+    model = ScriptedModel()
+    call = Call(SEMANTIC, turn_end=model)
+    await speak_then_pause(call, model)
+    model.answer(0.9)
+    judgement = await judged(call)  # no transcript ever came: nothing to wait for
+    assert judgement.complete and len(call.of_type(ev.SpeechStopped)) == 1
+
+
+async def test_a_verdict_waiting_for_words_is_dropped_when_the_caller_speaks_again():
+    model = ScriptedModel()
+    call = Call(SEMANTIC, turn_end=model)
+    await speak_then_pause(call, model, "i would like a")
+    first = call.runtime.last
+    first.transcript("I would", final=False)
+    await call.settle()
+    model.answer(0.9)
+    await _steps()
+    await call.say(words("tea"))  # the caller goes on: the waiting verdict is void
+    assert first.aborted and not call.of_type(ev.TurnJudged)
+    second = call.runtime.last
+    second.transcript("I would like a tea.")  # the next pause's words: no verdict of the old pause is settled by them
+    await call.settle()
+    await _steps()
+    assert not call.of_type(ev.TurnJudged) and not call.of_type(ev.SpeechStopped)
