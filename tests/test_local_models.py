@@ -130,6 +130,42 @@ def test_asr_takes_the_sessions_vad_verdicts_and_runs_none_of_its_own(transcribe
     assert out == [Transcript("", final=True)] and asr.calls == 0
 
 
+# Piper speech, 1-6 s: shorter than the old 7 s window, and one long enough to need more.
+FITTED = ["Wait, stop.", "Yes.", "Do you have matcha?", "What toppings do you have?",
+          "How much is a regular mango tea?", f"{ORDER} Can I get a large taro milk tea with pearls?"]
+
+
+def _turn(text: str) -> np.ndarray:
+    """What a final transcript reads: the turn's speech between a little silence."""
+    return np.concatenate([silence(0.3), speak(text), silence(0.6)])
+
+
+def _words(text: str) -> list[str]:
+    return "".join(c if c.isalnum() or c.isspace() else " " for c in text.lower()).split()
+
+
+def test_a_window_fitted_to_the_utterance_hears_the_words_of_the_7_s_window(transcriber):
+    # Whisper-base loops on windows this short ("Do you have matcha? Do you have matcha? ..."):
+    # the loop guard (repetition penalty, token cap, first copy) must leave the 7 s words.
+    asr = StreamingASR(transcriber)
+    windows = []
+    for text in FITTED:
+        clip = _turn(text)
+        window = asr._window_frames({"audio": clip, "committed": 0})
+        windows.append(window)
+        (fitted,) = transcriber.transcribe([clip], window)
+        (seven,) = transcriber.transcribe([clip], 700)
+        assert _words(fitted) == _words(seven), (text, window / 100)
+        assert word_recall(text, fitted) >= 0.8, (text, fitted)
+    assert max(windows[:-1]) <= 500 and windows[-1] >= 700  # short turns pay for short windows
+
+
+def test_finals_batched_in_one_call_read_as_each_alone(transcriber):
+    clips = [_turn(text) for text in FITTED[:4]]
+    window = 400
+    assert transcriber.transcribe(clips, window) == [transcriber.transcribe([clip], window)[0] for clip in clips]
+
+
 # -- Gemma thinker: KV slots against transformers' own generate ---------------------------------
 def test_slot_cache_decodes_like_generate_across_rows_and_the_sliding_window(runner):
     model = runner.model

@@ -14,9 +14,14 @@ Whisper is not a streaming model, so streaming is a policy on top of it:
 carries per frame: one decision per frame, the same one the session ended the turn on.
 
 Whisper pads every input to 30 s and the encoder's cost follows the padded length. The encoder
-window here is the utterance's length rounded up to ``window_step_s`` (min ``min_window_s``):
-measured on 2 cores, a 7 s window cost ~0.4 s against ~2 s for 30 s, with the same words on
-Piper speech (5 s windows began to mishear). Utterances past ``commit_after_s`` are committed
+window here is fitted to the utterance: its length plus ``window_margin_s``, rounded up to
+``window_step_s`` (min ``min_window_s``), so a 2 s turn pays for a 3-4 s window, not 7 s (measured
+on 2 cores: encoder + greedy decode of a 2 s question ~0.3 s at 3 s, ~0.45 s at 7 s, ~2 s at 30 s).
+Whisper-base loops on a window much shorter than 7 s ("Wait, stop. Wait, stop. ..."), so windows
+under ``loop_guard_below_s`` decode with ``repetition_penalty`` (it ends the line instead of
+repeating it; longer windows decode without it: the penalty there changed words of long
+utterances), every decode is capped at ``tokens_per_s`` of window, and a transcript that starts
+repeating itself is cut after its first copy. Utterances past ``commit_after_s`` are committed
 window by window, so one call never sees more than ~30 s.
 """
 
@@ -25,11 +30,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 
 from duplex.runtime.contract import SESSION_RATE, CallerAudio, Transcript, TurnRequest, WorkItem
 
@@ -41,8 +47,9 @@ _HOP = 160  # mel frames are 10 ms
 class StreamingPolicy:
     partial_interval_s: float = 1.0
     settle_s: float = 0.2
-    min_window_s: float = 7.0
-    window_step_s: float = 5.0
+    min_window_s: float = Field(3.0, gt=0, le=30)
+    window_margin_s: float = Field(1.0, ge=0)  # room after the utterance (a word cut at the edge is lost)
+    window_step_s: float = Field(1.0, gt=0)  # windows come in these steps, so batched finals share a shape
     commit_after_s: float = 25.0
     min_speech_s: float = 0.09  # voiced audio that counts as "speech happened"
     # Partials are a luxury (a warm thinker prefill, a live caption); finals are the critical
@@ -52,11 +59,43 @@ class StreamingPolicy:
     speaking_window_s: float = 1.0  # a request fed within this long counts as speaking now
 
 
+@dataclass(frozen=True)
+class LoopGuard:
+    """How a short window is kept from looping (see the module's doc): per window length, so
+    every clip of a batch (one window) decodes as it would alone."""
+
+    below_s: float = Field(5.0, ge=0)  # windows shorter than this decode with the repetition penalty
+    repetition_penalty: float = Field(1.3, ge=1)
+    tokens_per_s: float = Field(8.0, gt=0)  # decode cap per second of window
+
+    def penalty(self, window_s: float) -> float:
+        return self.repetition_penalty if window_s < self.below_s else 1.0
+
+    def max_tokens(self, window_s: float) -> int:
+        return max(8, math.ceil(self.tokens_per_s * window_s))
+
+
+def first_copy(tokens: list[int], min_repeat: int = 3) -> list[int]:
+    """``tokens`` up to where they start repeating themselves: the first copy of a span that is
+    followed by at least ``min_repeat`` tokens (or the whole span) of itself, repeated to the end.
+    Whisper on a short window ends a line by starting it again; a real "yes, yes" reads as one
+    "yes," (a rare loss, against a turn that would be the same words many times over)."""
+    n = len(tokens)
+    for start in range(n):
+        for period in range(2, n - start):
+            tail = n - start - period  # tokens after the first copy
+            if tail < min(period, min_repeat):
+                break
+            if all(tokens[j] == tokens[j - period] for j in range(start + period, n)):
+                return tokens[: start + period]
+    return tokens
+
+
 class WhisperTranscriber:
     """Whisper-base through CTranslate2: greedy decoding, English, no timestamps."""
 
     def __init__(self, model_dir: Path, threads: int = 1, compute_type: str = "int8", language: str = "en",
-                 hint: str = "") -> None:
+                 hint: str = "", guard: LoopGuard | None = None) -> None:
         from faster_whisper import WhisperModel
         from faster_whisper.tokenizer import Tokenizer
 
@@ -65,6 +104,7 @@ class WhisperTranscriber:
         tokenizer = Tokenizer(self._whisper.hf_tokenizer, multilingual=self._whisper.model.is_multilingual,
                               task="transcribe", language=language)
         self._tokenizer = tokenizer
+        self.guard = guard or LoopGuard()
         # A hint is Whisper's "previous text": domain words it then prefers ("bubble tea", not
         # "bubble T"; measured on Piper speech with the short encoder window).
         previous = [tokenizer.sot_prev] + tokenizer.encode(" " + hint.strip()) if hint.strip() else []
@@ -79,11 +119,15 @@ class WhisperTranscriber:
         for row, mel in enumerate(mels):
             features[row, :, : mel.shape[1]] = mel
         encoded = self._whisper.model.encode(ctranslate2.StorageView.from_array(features))
+        window_s = window_frames * _HOP / SAMPLE_RATE
+        # max_length counts the prompt too: the cap is on the words
+        max_length = min(448, len(self._prompt) + self.guard.max_tokens(window_s))
         results = self._whisper.model.generate(encoded, [self._prompt] * len(clips), beam_size=1,
-                                               max_length=224, return_no_speech_prob=True)
+                                               max_length=max_length, return_no_speech_prob=True,
+                                               repetition_penalty=self.guard.penalty(window_s))
         texts = []
         for result in results:
-            tokens = [t for t in result.sequences_ids[0] if t < self._tokenizer.eot]
+            tokens = first_copy([t for t in result.sequences_ids[0] if t < self._tokenizer.eot])
             text = self._tokenizer.decode(tokens).strip()
             texts.append("" if result.no_speech_prob > 0.8 and len(text) < 24 else text)
         return texts
@@ -193,7 +237,7 @@ class StreamingASR:
         policy = self.policy
         seconds = (len(state["audio"]) - state["committed"]) / SAMPLE_RATE
         step = policy.window_step_s
-        window_s = min(30.0, max(policy.min_window_s, math.ceil((seconds + 0.5) / step) * step))
+        window_s = min(30.0, max(policy.min_window_s, math.ceil((seconds + policy.window_margin_s) / step) * step))
         return int(window_s * SAMPLE_RATE / _HOP)
 
     def _record(self, state: dict, window_text: str) -> None:

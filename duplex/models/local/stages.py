@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from duplex.models.local import assets
-from duplex.models.local.asr import StreamingASR, StreamingPolicy, WhisperTranscriber
+from duplex.models.local.asr import LoopGuard, StreamingASR, StreamingPolicy, WhisperTranscriber
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT, Persona
 from duplex.models.local.tts import PhraseSplitter, PiperSynth
 from duplex.runtime.contract import AgentAudio, AgentText, BuildContext, TurnRequest, WorkItem
@@ -46,11 +46,15 @@ def _known_args(ctx: BuildContext, allowed: set[str]) -> dict[str, Any]:
 
 def build_asr(ctx: BuildContext) -> StreamingASR:
     policy_fields = set(StreamingPolicy.__dataclass_fields__)
-    args = _known_args(ctx, policy_fields | {"cache_dir", "compute_type", "hint"})
+    guard_args = {"loop_guard_below_s": "below_s", "repetition_penalty": "repetition_penalty",
+                  "tokens_per_s": "tokens_per_s"}
+    args = _known_args(ctx, policy_fields | set(guard_args) | {"cache_dir", "compute_type", "hint"})
+    # both checked (pydantic: the error names the arg) before the model loads
+    guard = LoopGuard(**{field: args[key] for key, field in guard_args.items() if key in args})
+    policy = StreamingPolicy(**{k: v for k, v in args.items() if k in policy_fields})
     model_dir = assets.prepare_whisper(_cache_root(ctx))
     transcriber = WhisperTranscriber(model_dir, threads=ctx.threads, compute_type=args.get("compute_type", "int8"),
-                                     hint=str(args.get("hint", BUBBLE_TEA_ASR_HINT)))
-    policy = StreamingPolicy(**{k: v for k, v in args.items() if k in policy_fields})
+                                     hint=str(args.get("hint", BUBBLE_TEA_ASR_HINT)), guard=guard)
     return StreamingASR(transcriber, policy)
 
 

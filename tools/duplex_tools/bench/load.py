@@ -51,7 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--late-ms", type=float, default=60.0, help="a frame this far behind its schedule is late")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", default="bench-load.png", help="PNG of the curves ('' to skip)")
-    parser.set_defaults(func=run, takes_overrides=False)
+    # with --serve, dotted overrides after the options change the served pipeline
+    # (`--asr.min_window_s 7`): one config, two settings, compared run by run
+    parser.set_defaults(func=run, takes_overrides=True)
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -64,11 +66,15 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if not levels or levels[0] < 1 or args.client_procs < 1:
         print("error: --sessions needs positive counts, --client-procs at least 1", file=sys.stderr)
         return 2
+    if overrides and not args.serve:
+        print(f"error: overrides ({' '.join(overrides)}) change a pipeline served with --serve, not --url",
+              file=sys.stderr)
+        return 2
     if args.serve:
         from duplex_tools.harness import ServerProcess
 
         with ServerProcess(["--config", args.serve, "--port", "0", "--ice-loopback",
-                            "--max-sessions", str(levels[-1])], ready_timeout=600) as server:
+                            "--max-sessions", str(levels[-1]), *overrides], ready_timeout=600) as server:
             assert server.url is not None
             return asyncio.run(bench(server.url, levels, caller, args))
     return asyncio.run(bench(args.url, levels, caller, args))
