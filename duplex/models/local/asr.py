@@ -86,7 +86,8 @@ def first_copy(tokens: list[int], min_repeat: int = 3) -> list[int]:
             tail = n - start - period  # tokens after the first copy
             if tail < min(period, min_repeat):
                 break
-            if all(tokens[j] == tokens[j - period] for j in range(start + period, n)):
+            if tokens[start + period] == tokens[start] and all(
+                    tokens[j] == tokens[j - period] for j in range(start + period + 1, n)):
                 return tokens[: start + period]
     return tokens
 
