@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from duplex.models.local import assets
 from duplex.models.local.asr import LoopGuard, StreamingASR, StreamingPolicy, WhisperTranscriber
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT, Persona
-from duplex.models.local.tts import PhraseSplitter, PiperSynth
+from duplex.models.local.tts import OPENERS, PhraseSplitter, PiperSynth
 from duplex.runtime.contract import AgentAudio, AgentText, BuildContext, TurnRequest, WorkItem
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def build_tts(ctx: BuildContext) -> StreamingTTS:
     args = _known_args(ctx, {"volume", "length_scale", "first_clause_words", "clause_words"})
     model_path, config_path = assets.piper_voice_paths()
     synth = PiperSynth(model_path, config_path, threads=ctx.threads, volume=float(args.get("volume", 0.8)),
-                       length_scale=args.get("length_scale"))
+                       length_scale=args.get("length_scale"), ready=OPENERS)
     return StreamingTTS(synth, int(args.get("first_clause_words", 1)), int(args.get("clause_words", 4)))
 
 
