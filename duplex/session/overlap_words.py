@@ -3,8 +3,9 @@
 The words: a transcript is normalised (lower case, punctuation and Whisper's bracketed sound
 notes like "(coughs)" dropped, "uh-huh" and "uh huh" alike, lone letters other than "I" dropped:
 Whisper spells a hum out as "M. H. N.") and is a backchannel when every word belongs to one of
-``BACKCHANNELS`` ("yeah okay", "oh I see"). Hesitations ("um", "uh") are not backchannels: they
-take the floor. No words at all (noise, a cough) says nothing.
+``BACKCHANNELS`` ("yeah okay", "oh I see"); interjections alone ("oh", "ah", "um", "huh", and
+"ow", Whisper's hearing of a Piper "uh-huh") take no floor either. No words at all (noise, a
+cough) says nothing.
 
 Whisper makes words up from a short noise (measured on a 0.3 s cough: "I'm not a good guy.",
 on a 0.15 s burst: "I'm sorry."), so words count only when the sound could have said them
@@ -32,6 +33,7 @@ BACKCHANNELS: frozenset[tuple[str, ...]] = frozenset(tuple(phrase.split()) for p
     "ooh", "yeah", "yea", "yes", "yep", "yup", "ya", "okay", "ok", "kay", "alright", "all right", "right",
     "sure", "i see", "got it", "gotcha", "cool", "nice", "great", "good", "wow", "indeed", "exactly",
     "of course", "that's right", "makes sense", "sounds good", "fine", "true",
+    "ow", "aw", "huh", "eh", "er", "um", "uh", "whoa", "ha", "haha",  # interjections
 ))
 _LONGEST = max(len(phrase) for phrase in BACKCHANNELS)
 MS_PER_WORD = 100  # voiced audio per word, at the least (10 words a second: faster than anyone speaks)
