@@ -20,8 +20,9 @@ shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed 
 - any word that is not a backchannel interrupts as soon as it is heard (a partial transcript
   may come before the sound has ended);
 - when the sound says "resume", the reply stays paused until the final words: a backchannel
-  resumes it (``BACKCHANNEL``), other words interrupt, no words leave the sound's verdict (a
-  sound the judge calls noise, under ``noise_ms`` voiced, resumes at once: no word of it counts);
+  resumes it (``BACKCHANNEL``), other words interrupt, no words leave the sound's verdict. A
+  noise waits too, though no word of it counts: "Wait," over a phone line is under ``noise_ms``
+  voiced, and the hold keeps the reply from resuming before the rest of the sentence cuts it;
 - words that are not back ``words_wait_ms`` after the sound's end, or a probe that ends without
   them, leave the sound's verdict too: the decision never hangs on the ASR;
 - words the sound could not have said (``overlap_words.credible``: Whisper's sentences made up
@@ -159,8 +160,8 @@ class Listening(Generic[R]):
         """The verdict and the paused reply, once there is one (listening then ends)."""
         assert self.judge is not None and self.reply is not None
         verdict = self.judge.push(frame_ms, voiced)
-        if verdict is None or verdict.interrupts or not self._words_coming or verdict.kind is OverlapKind.NOISE:
-            self._held = None  # the sound goes on, or is decided (no word of a noise is credible)
+        if verdict is None or verdict.interrupts or not self._words_coming:
+            self._held = None  # the sound goes on (or is decided): its end is still to come
             return None if verdict is None else self._settle(verdict)
         if self._final is not None:
             return self._settle(self._by_words(verdict, self._final))
