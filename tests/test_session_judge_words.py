@@ -20,15 +20,23 @@ async def _steps() -> None:
         await asyncio.sleep(0)
 
 
-async def test_a_stale_interim_that_ends_on_a_hanging_word_does_not_veto_a_finished_turn():
+async def _judged_by_sound_before_the_words(spoken: str, interim: str, probability: float):
+    """A pause whose speculation had only ``interim`` words when the model answered ``probability``."""
     model = ScriptedModel()
     call = Call(SEMANTIC, turn_end=model)
-    await speak_then_pause(call, model, "i would like a tea with milk")
+    await speak_then_pause(call, model, spoken)
     speculation = call.runtime.last
-    speculation.transcript("I would like a tea with", final=False)  # a partial from before the end
+    speculation.transcript(interim, final=False)
     await call.settle()
-    model.answer(0.9)
+    model.answer(probability)
     await _steps()
+    return call, speculation
+
+
+async def test_a_stale_interim_that_ends_on_a_hanging_word_does_not_veto_a_finished_turn():
+    # the interim is a partial from before the end
+    call, speculation = await _judged_by_sound_before_the_words("i would like a tea with milk",
+                                                                 "I would like a tea with", 0.9)
     assert not call.of_type(ev.TurnJudged) and not call.of_type(ev.SpeechStopped)  # waits for the final words
     speculation.transcript("I would like a tea with milk.")
     judgement = await judged(call)
@@ -37,14 +45,7 @@ async def test_a_stale_interim_that_ends_on_a_hanging_word_does_not_veto_a_finis
 
 
 async def test_the_final_words_of_the_pause_still_veto():
-    model = ScriptedModel()
-    call = Call(SEMANTIC, turn_end=model)
-    await speak_then_pause(call, model, "i would like a large um")
-    speculation = call.runtime.last
-    speculation.transcript("I would like a", final=False)
-    await call.settle()
-    model.answer(0.95)
-    await _steps()
+    call, speculation = await _judged_by_sound_before_the_words("i would like a large um", "I would like a", 0.95)
     speculation.transcript("I would like a large, um")
     judgement = await judged(call)
     assert judgement.words_hang and not judgement.complete and not call.of_type(ev.SpeechStopped)
