@@ -119,6 +119,19 @@ class TinyEngine:
         piece = {"tool_calls": [{"index": 0, "function": {"arguments": "x" * 65536}}]}
         self._send(handler, [chunk(first), *(chunk(piece) for _ in range(17)), chunk({}, "tool_calls")])
 
+    def _blankargs(self, handler: BaseHTTPRequestHandler) -> None:
+        """A forced call that loops on line breaks, as a small model under a JSON grammar can;
+        it would go on (the test's budget) if the client did not close it."""
+        self._start_stream(handler)
+        first = {"tool_calls": [{"index": 0, "id": "call_blank", "type": "function",
+                                 "function": {"name": "place_order", "arguments": '{"drink": "taro",'}}]}
+        blank = chunk({"tool_calls": [{"index": 0, "function": {"arguments": "\n "}}]})
+        if not self._send(handler, [chunk(first)]):
+            return
+        for _ in range(6000):  # a token every 10 ms, until the client hangs up (or a minute)
+            if self._release.wait(0.01) or not self._send(handler, [blank]):
+                return
+
     def _servercall(self, handler: BaseHTTPRequestHandler) -> None:
         """A model that calls ``place_order`` and, once it has the result, says so."""
         self._start_stream(handler)

@@ -48,6 +48,28 @@ async def _done(caller: WsCaller, response_id: str, timeout: float):
         await caller.wait("response.done", timeout=max(0.01, deadline - time.monotonic()), after=time.monotonic())
 
 
+async def _arguments(caller: WsCaller, server: ServerProcess, response_id: str, timeout: float):
+    """The call's finished arguments; a response that ends without them fails at once, with
+    what the server said (an engine error, a stall) rather than after the whole timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for event in caller.of_type("response.function_call_arguments.done"):
+            if event.response_id == response_id:
+                return event
+        ended = [e for e in caller.of_type("response.done") if e.response.id == response_id]
+        errors = caller.of_type("error")
+        left = deadline - time.monotonic()
+        if ended or errors or left <= 0:
+            kinds = [e.type for _, e in caller.events]
+            pytest.fail(f"no function call arguments (response.done: {ended}, errors: {errors}, "
+                        f"events: {kinds}); server output:\n" + "".join(server.output[-40:]))
+        try:
+            await caller.wait("response.function_call_arguments.done", timeout=min(left, 5.0),
+                              after=time.monotonic(), response_id=response_id)
+        except TimeoutError:
+            continue
+
+
 async def test_a_forced_tool_call_round_trip_over_the_sdk(server):
     async with WsCaller(server.url, stream=False) as caller:
         await caller.conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
@@ -57,7 +79,7 @@ async def test_a_forced_tool_call_round_trip_over_the_sdk(server):
             {"type": "input_text", "text": "A large taro milk tea, please."}]})
         await caller.conn.response.create()
         response = (await caller.wait("response.created")).response
-        args = await caller.wait("response.function_call_arguments.done", timeout=300)
+        args = await _arguments(caller, server, response.id, timeout=300)
         jsonschema.validate(json.loads(args.arguments), ORDER_SCHEMA)
         deltas = "".join(e.delta for e in caller.of_type("response.function_call_arguments.delta")
                          if e.call_id == args.call_id)

@@ -146,6 +146,16 @@ async def test_megabyte_tool_arguments_fail_the_response(tiny):
     assert "stop" not in tiny.requests[0]  # a forced call's JSON may hold line breaks
 
 
+async def test_tool_arguments_looping_on_whitespace_fail_the_response_and_close_the_stream(tiny):
+    t = thinker(tiny.url("blankargs"))
+    request = TurnRequest(session_id="s1", tools=[ToolSpec("place_order", parameters={"type": "object"})],
+                          tool_choice="place_order")
+    with pytest.raises(EngineError, match=r"ran on in whitespace \(6[5-6] blank characters in a row, more than 64\)"):
+        async for _ in t.run("r1", request, inputs_of(request, "Order it")):
+            pass
+    assert tiny.disconnected.wait(10), "the engine's stream stayed open"
+
+
 async def test_tool_calls_stream_and_their_results_join_the_history(tiny):
     t = thinker(tiny.url("servercall"))  # place_order is not a server tool here: the client answers it
     tools = [ToolSpec("place_order", "Place the order", {"type": "object"}, strict=True)]

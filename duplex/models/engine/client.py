@@ -4,7 +4,9 @@ client, as a stream of typed pieces: reply text, tool-call pieces, the end.
 Every way the engine can let a response down fails that response with an ``EngineError`` whose
 message names the engine (base URL and model) and what happened: connection refused, an HTTP
 status, a stream that stalls (no chunk for ``stall_timeout_s``), a chunk that is not a chat
-completion chunk, tool-call arguments past ``max_argument_bytes``. The client never retries
+completion chunk, tool-call arguments past ``max_argument_bytes`` or running on in whitespace
+(``max_blank_run``: a small model under a JSON grammar may loop on line breaks to its token
+budget, which on a CPU engine is minutes of silence for the caller). The client never retries
 (``max_retries=0``): a caller waiting on a voice reply is better told than kept waiting twice.
 
 Closing: the stream is closed in ``finally``, so cancelling the task that reads it (a barge-in's
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,6 +26,8 @@ from typing import Any
 
 import httpx
 import openai
+
+_BLANKS = re.compile(r"\s+")
 
 
 class EngineError(RuntimeError):
@@ -65,6 +70,7 @@ class EngineSettings:
     connect_timeout_s: float = 5.0
     stall_timeout_s: float = 10.0  # no chunk for this long (the first one included): the stream failed
     max_argument_bytes: int = 64 * 1024
+    max_blank_run: int = 64  # whitespace characters in a row inside a call's arguments
     extra_body: dict[str, Any] = field(default_factory=dict)  # engine-specific request fields
 
 
@@ -94,6 +100,7 @@ class EngineClient:
         try:
             chunks = aiter(stream)
             sizes: dict[int, int] = {}
+            blanks: dict[int, int] = {}
             while True:
                 chunk = await self._next(chunks)
                 if chunk is None:
@@ -101,6 +108,7 @@ class EngineClient:
                 for piece in self._pieces(chunk):
                     if isinstance(piece, CallPiece):
                         self._check_size(sizes, piece)
+                        self._check_blanks(blanks, piece)
                     yield piece
         finally:
             await stream.close()
@@ -158,6 +166,20 @@ class EngineClient:
         sizes[piece.index] = sizes.get(piece.index, 0) + len(piece.arguments.encode())
         if sizes[piece.index] > self.settings.max_argument_bytes:
             raise EngineError(self.name, f"tool call arguments exceed {self.settings.max_argument_bytes} bytes")
+
+    def _check_blanks(self, runs: dict[int, int], piece: CallPiece) -> None:
+        """The longest whitespace run of a call's arguments so far, across pieces."""
+        text, run = piece.arguments, runs.get(piece.index, 0)
+        body = text.strip()
+        if not body:
+            longest = runs[piece.index] = run + len(text)
+        else:
+            inner = max((len(m) for m in _BLANKS.findall(body)), default=0)
+            longest = max(run + len(text) - len(text.lstrip()), inner)
+            runs[piece.index] = len(text) - len(text.rstrip())
+        if longest > self.settings.max_blank_run:
+            raise EngineError(self.name, f"tool call arguments ran on in whitespace ({longest} blank characters in "
+                                         f"a row, more than {self.settings.max_blank_run}): the model looped")
 
     async def close(self) -> None:
         await self._client.close()

@@ -47,6 +47,7 @@ class EngineThinkerArgs(BaseModel):
     connect_timeout_s: float = Field(5.0, gt=0)
     stall_timeout_s: float = Field(10.0, gt=0)
     max_argument_bytes: int = Field(64 * 1024, ge=1)
+    max_blank_run: int = Field(64, ge=1)  # whitespace in a row in a call's arguments: the model looped
     server_tools: list[ServerTool] = Field(default_factory=list)
     url_allowlist: list[str] = Field(default_factory=list)
 
@@ -73,7 +74,7 @@ def build_thinker(ctx: BuildContext) -> EngineThinker:
     client = EngineClient(EngineSettings(
         base_url=base_url, model=model, api_key=os.environ.get(args.api_key_env) or "none",
         connect_timeout_s=args.connect_timeout_s, stall_timeout_s=args.stall_timeout_s,
-        max_argument_bytes=args.max_argument_bytes, extra_body=args.extra_body))
+        max_argument_bytes=args.max_argument_bytes, max_blank_run=args.max_blank_run, extra_body=args.extra_body))
     settings = ThinkerSettings(system=args.system, max_new_tokens=args.max_new_tokens,
                                max_call_tokens=args.max_call_tokens, stop=tuple(args.stop),
                                speech_chars_per_s=args.speech_chars_per_s, max_tool_rounds=args.max_tool_rounds)
