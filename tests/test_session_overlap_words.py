@@ -23,6 +23,7 @@ CONFIG = BargeInConfig()
 WORDS = SessionConfig(overlap_probe_request=True)  # a pipeline whose ASR transcribes an overlap
 REPLY = ["this", "is", "a", "long", "answer", "to", "your", "question", "told", "at", "some", "length"]
 RESUME_FRAMES = CONFIG.resume_ms // FRAME_MS
+FINAL_FRAMES = CONFIG.words_final_ms // FRAME_MS  # unvoiced after a sound: the probe's input closes
 
 
 @pytest.mark.parametrize("text", ["Uh-huh.", "Mm-hmm.", "mhm", "Yeah, okay.", "Oh, I see.", "Got it!", "OK",
@@ -102,6 +103,26 @@ def test_backchannel_words_resume_once_the_sound_has_ended_and_not_before():
     assert early.heard("Okay.", final=True) is None
     verdict, n = push(early, "v" * 10 + "." * 40)
     assert n == 10 + RESUME_FRAMES and verdict.kind is OverlapKind.BACKCHANNEL and verdict.words == "Okay."
+
+
+def test_final_backchannel_words_resume_before_the_silence_that_would_resume_alone():
+    assert FINAL_FRAMES < RESUME_FRAMES
+    heard = listening()
+    assert push(heard, "v" * 10 + "." * (FINAL_FRAMES - 1)) == (None, 9 + FINAL_FRAMES)
+    assert not heard.words_final_due()  # the sound may go on: its words are not final yet
+    assert push(heard, ".") == (None, 1) and heard.words_final_due()  # the probe's input closes now
+    verdict, _ = heard.heard("Yeah.", final=True)
+    assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words == "Yeah."
+    assert verdict.span_ms == 80 + (10 + FINAL_FRAMES) * FRAME_MS  # not resume_ms after the sound
+    # other final words that early interrupt; none leave it to the sound, at resume_ms
+    other = listening()
+    push(other, "v" * 10 + "." * FINAL_FRAMES)
+    assert other.heard("Wait", final=True)[0].interrupts
+    none = listening()
+    push(none, "v" * 10 + "." * FINAL_FRAMES)
+    assert none.heard("", final=True) is None
+    verdict, n = push(none, "." * RESUME_FRAMES)
+    assert n == RESUME_FRAMES - FINAL_FRAMES and verdict.words is None
 
 
 def test_no_words_leave_the_verdict_to_the_sound():
@@ -185,10 +206,10 @@ async def test_sorry_and_a_pause_interrupt_by_their_words_and_the_reply_never_re
     assert len(replies(call)) == 2 and turn.eos  # one turn: "sorry", the pause and the question
     prefix_ms = SessionConfig().vad.prefix_padding_ms
     assert turn.fed_ms == prefix_ms + stopped.audio_end_ms + SILENCE_MS - started.audio_start_ms
-    # the probe heard the same audio, from the onset's prefix on, up to the sound's end and verdict
+    # the probe heard the same audio, from the onset's prefix on, up to words_final_ms after the sound
     probe_audio = np.concatenate([a.samples for a in probe.fed])
     assert np.array_equal(probe_audio, turn.fed[0].samples[:len(probe_audio)]) and probe.voiced == \
-        turn.voiced[:len(probe.voiced)] and probe.voiced[-RESUME_FRAMES:] == [False] * RESUME_FRAMES
+        turn.voiced[:len(probe.voiced)] and probe.voiced[-FINAL_FRAMES - 1:] == [True] + [False] * FINAL_FRAMES
     assert call.session.stats()["barge_ins"] == 1
 
 

@@ -67,7 +67,9 @@ class BargeInConfig(_Strict):
     the overlap's audio is transcribed too, and the words decide: a backchannel ("uh-huh", "yeah",
     "okay", ``overlap_words.BACKCHANNELS``) resumes, any other word ("sorry", "stop", "no")
     interrupts, even before the sound ended; no words, or none within ``words_wait_ms`` of the
-    sound's end, leave the verdict to the sound."""
+    sound's end, leave the verdict to the sound. The words are final once ``words_final_ms`` of
+    the sound's end is unvoiced (the ASR's input closes then): final words that are all a
+    backchannel resume the reply at once, sooner than ``resume_ms`` of silence would."""
 
     mode: Literal["listen", "onset"] = "listen"
     interrupt_ms: int = Field(600, ge=80, le=5000)
@@ -77,6 +79,7 @@ class BargeInConfig(_Strict):
     rejoin_ms: int = Field(500, ge=0, le=5000)  # a sound this soon after a false onset continues it
     words: bool = True  # judge by the words too, where the pipeline transcribes an overlap
     words_wait_ms: int = Field(1200, ge=0, le=5000)  # after the sound's end, the longest wait for its words
+    words_final_ms: int = Field(120, ge=20, le=2000)  # unvoiced after the sound: its words are final
 
     @model_validator(mode="after")
     def _check(self) -> BargeInConfig:

@@ -68,12 +68,13 @@ class ListeningSession:
 
     def _listen(self, voiced: bool) -> None:
         """One more frame of an overlap: the judge's verdict, if any; the ears told of the
-        sound's end (its final words), or of a sound after its words came (hear it all again; a
-        sound while they are still coming waits for them: they may settle it)."""
+        sound's end (``words_final_ms`` unvoiced: its final words), or of a sound after its
+        words came (hear it all again; a sound while they are still coming waits for them: they
+        may settle it)."""
         settled = self._listening.push(self.config.vad.frame_ms, voiced)
         if settled is not None:
             self._settle_overlap(*settled)
-        elif self._listening.waiting_words and self.ears.input_open:
+        elif self.ears.input_open and self._listening.words_final_due():
             self.ears.feed(self.audio.take_pending(), eos=True)
         elif voiced and self._listening.words_coming and not self.ears.live:
             self._listening.rehear()  # its words so far were heard; what follows is heard anew

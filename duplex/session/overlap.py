@@ -19,6 +19,9 @@ shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed 
 
 - any word that is not a backchannel interrupts as soon as it is heard (a partial transcript
   may come before the sound has ended);
+- the words are final once the sound has been over ``words_final_ms`` (the ASR's input closes
+  then): a backchannel resumes the reply as soon as they come, before ``resume_ms`` of silence
+  (the caller's "yeah" is answered by the reply going on within ~0.2 s, as a person would);
 - when the sound says "resume", the reply stays paused until the final words: a backchannel
   resumes it (``BACKCHANNEL``), other words interrupt, no words leave the sound's verdict. A
   noise waits too, though no word of it counts: "Wait," over a phone line is under ``noise_ms``
@@ -149,6 +152,12 @@ class Listening(Generic[R]):
         """The sound has ended (it would resume the reply) and its final words are awaited."""
         return self._held is not None
 
+    def words_final_due(self) -> bool:
+        """The sound has been over long enough that its words are final (or it says resume)."""
+        judge = self.judge
+        return self._words_coming and judge is not None and (
+            self._held is not None or judge.sound_ended_ms >= judge.config.words_final_ms)
+
     def begin(self, judge: OverlapJudge, reply: R, words: bool = False) -> None:
         """``words``: the overlap's audio is being transcribed; ``heard`` will tell its words."""
         if self._last is not None and self._last[1] is reply:
@@ -181,6 +190,8 @@ class Listening(Generic[R]):
             self._final = text
             if self._held is not None:
                 return self._settle(self._by_words(self._held, text))
+            if words and self.judge.sound_ended_ms >= self.judge.config.words_final_ms:
+                return self._settle(replace(self.judge.now(OverlapKind.BACKCHANNEL), words=text))
         return None
 
     def words_lost(self) -> tuple[OverlapVerdict, R] | None:
