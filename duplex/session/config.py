@@ -80,6 +80,9 @@ class BargeInConfig(_Strict):
     words: bool = True  # judge by the words too, where the pipeline transcribes an overlap
     words_wait_ms: int = Field(1200, ge=0, le=5000)  # after the sound's end, the longest wait for its words
     words_final_ms: int = Field(120, ge=20, le=2000)  # unvoiced after the sound: its words are final
+    # voiced audio that pauses a live reply (vad.min_speech_ms, if lower): a pause is undone when
+    # the sound turns out no interruption, so it may come sooner than a turn's start
+    pause_speech_ms: int = Field(60, ge=20, le=2000)
 
     @model_validator(mode="after")
     def _check(self) -> BargeInConfig:

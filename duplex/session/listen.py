@@ -57,7 +57,7 @@ class ListeningSession:
         """An onset during the reply: silence it now, keep it alive, and listen (``overlap.py``)."""
         played = self.playout.pause() if self.playout.item_id == response.item_id else response.played_ms
         self.last_barge_in_ms = 1000 * (self._clock() - self._input.clock.time_at(onset_ms))
-        voiced_ms = min(self.config.vad.min_speech_ms, self._stream_ms - onset_ms)
+        voiced_ms = min(self.detector.min_speech_ms, self._stream_ms - onset_ms)
         vad = self.config.vad
         judge = OverlapJudge(self.config.barge_in, onset_ms, self._stream_ms, voiced_ms, vad.silence_ms - vad.frame_ms)
         words = self.config.barge_in.words and self.config.overlap_probe_request

@@ -129,6 +129,7 @@ class VoiceSession(ListeningSession):
         self.audio.hear(frame, voiced)
         if self.detector.speaking or self._listening.active:
             self._stream_caller_audio(frame, voiced)
+        self.detector.min_speech_ms = self._speech_start_ms()
         cue = self.detector.push(frame_start_ms, voiced)
         if self._listening.active:  # the judge decides what this sound is; no other cue counts
             self._listen(voiced)
@@ -141,6 +142,13 @@ class VoiceSession(ListeningSession):
         elif isinstance(cue, SpeechResumed):
             self.judge.forget()
             self._resume(cue.at_ms)
+
+    def _speech_start_ms(self) -> int:
+        """Voiced audio that starts speech now: less while a reply that would only pause is live."""
+        vad, barge_in, response = self.config.vad, self.config.barge_in, self._response
+        if barge_in.mode == "listen" and response is not None and response.live:
+            return min(vad.min_speech_ms, barge_in.pause_speech_ms)
+        return vad.min_speech_ms
 
     def _on_speech_started(self, onset_ms: int) -> None:
         since_onset_ms = self._stream_ms - onset_ms

@@ -63,6 +63,7 @@ class TurnDetector:
         self.judged = False  # the judging cue of the pause going on was reported
         self.silence_ms = config.silence_ms if silence_ms is None else silence_ms
         self.max_turn_ms = max_turn_ms  # None: a turn may last forever
+        self.min_speech_ms = config.min_speech_ms  # voiced audio that starts speech (the session may lower it)
         self.speaking = False
         self.paused = False  # a SpeechPaused was reported and no voiced frame came since
         self._window: deque[tuple[int, bool]] = deque(maxlen=max(1, config.start_window_ms // config.frame_ms))
@@ -110,7 +111,7 @@ class TurnDetector:
 
     def _maybe_start(self) -> SpeechStarted | None:
         voiced_ms = self.config.frame_ms * sum(1 for _, v in self._window if v)
-        if voiced_ms < self.config.min_speech_ms:
+        if voiced_ms < self.min_speech_ms:
             return None
         self.speaking = True
         self._onset_ms = next(start for start, v in self._window if v)
