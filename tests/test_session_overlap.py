@@ -108,11 +108,11 @@ async def test_a_live_reply_pauses_after_pause_speech_ms_voiced_sooner_than_a_tu
     """The pause is undone if the sound is no interruption, so it needs less voiced audio
     (``pause_speech_ms``) than a turn's start (``vad.min_speech_ms``); in onset mode, where the
     onset cuts for good, the turn's threshold holds."""
-    vad = SessionConfig().vad
-    assert CONFIG.pause_speech_ms < vad.min_speech_ms
+    vad, quick = SessionConfig().vad, BargeInConfig(pause_speech_ms=60)
+    assert quick.pause_speech_ms < vad.min_speech_ms
 
     async def frames_to(mode: str) -> int:
-        call = Call(SessionConfig(barge_in=BargeInConfig(mode=mode)))
+        call = Call(SessionConfig(barge_in=quick.model_copy(update={"mode": mode})))
         await answering(call, *REPLY, complete=False)
         said_at = len(call.played)
         await call.say(words("okay"))
@@ -120,7 +120,7 @@ async def test_a_live_reply_pauses_after_pause_speech_ms_voiced_sooner_than_a_tu
         return call.frame_of(call.of_type(kind)[-1]) - said_at
 
     listen, onset = await frames_to("listen"), await frames_to("onset")
-    assert onset - listen == (vad.min_speech_ms - CONFIG.pause_speech_ms) // FRAME_MS
+    assert onset - listen == (vad.min_speech_ms - quick.pause_speech_ms) // FRAME_MS
 
 
 async def test_an_interruption_stops_the_reply_at_the_onset_and_the_turn_has_all_its_audio():

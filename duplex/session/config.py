@@ -81,8 +81,10 @@ class BargeInConfig(_Strict):
     words_wait_ms: int = Field(1200, ge=0, le=5000)  # after the sound's end, the longest wait for its words
     words_final_ms: int = Field(120, ge=20, le=2000)  # unvoiced after the sound: its words are final
     # voiced audio that pauses a live reply (vad.min_speech_ms, if lower): a pause is undone when
-    # the sound turns out no interruption, so it may come sooner than a turn's start
-    pause_speech_ms: int = Field(60, ge=20, le=2000)
+    # the sound turns out no interruption, so it may come sooner than a turn's start. Not by
+    # default: at 60 a 40 ms click pauses the reply for resume_ms (an audible gap), and a second
+    # one within rejoin_ms makes the two an interruption (the noise-burst scenario, measured)
+    pause_speech_ms: int = Field(80, ge=20, le=2000)
 
     @model_validator(mode="after")
     def _check(self) -> BargeInConfig:
