@@ -6,6 +6,7 @@ emits. No assertion depends on what the model says, only on the protocol and the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -49,25 +50,25 @@ async def _done(caller: WsCaller, response_id: str, timeout: float):
 
 
 async def _arguments(caller: WsCaller, server: ServerProcess, response_id: str, timeout: float):
-    """The call's finished arguments; a response that ends without them fails at once, with
-    what the server said (an engine error, a stall) rather than after the whole timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for event in caller.of_type("response.function_call_arguments.done"):
-            if event.response_id == response_id:
-                return event
-        ended = [e for e in caller.of_type("response.done") if e.response.id == response_id]
-        errors = caller.of_type("error")
-        left = deadline - time.monotonic()
-        if ended or errors or left <= 0:
-            kinds = [e.type for _, e in caller.events]
-            pytest.fail(f"no function call arguments (response.done: {ended}, errors: {errors}, "
-                        f"events: {kinds}); server output:\n" + "".join(server.output[-40:]))
-        try:
-            await caller.wait("response.function_call_arguments.done", timeout=min(left, 5.0),
-                              after=time.monotonic(), response_id=response_id)
-        except TimeoutError:
-            continue
+    """The call's finished arguments; a response that ends (or an error) before them fails the
+    test at once, with what the server said, rather than after the whole timeout."""
+    waits = {asyncio.ensure_future(caller.wait(kind, timeout=timeout)) for kind in ("response.done", "error")}
+    arguments = asyncio.ensure_future(caller.wait("response.function_call_arguments.done", timeout=timeout,
+                                                  response_id=response_id))
+    try:
+        await asyncio.wait({arguments, *waits}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in (arguments, *waits):
+            wait.cancel()
+        await asyncio.gather(arguments, *waits, return_exceptions=True)
+    # read from the events, not the task: the server sends the arguments before response.done,
+    # and both may arrive in one wake-up, before the arguments' task has run
+    for event in caller.of_type("response.function_call_arguments.done"):
+        if event.response_id == response_id:
+            return event
+    kinds = [e.type for _, e in caller.events]
+    pytest.fail(f"no function call arguments (response.done: {caller.of_type('response.done')}, errors: "
+                f"{caller.of_type('error')}, events: {kinds}); server output:\n" + "".join(server.output[-40:]))
 
 
 async def test_a_forced_tool_call_round_trip_over_the_sdk(server):

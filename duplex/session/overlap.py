@@ -154,9 +154,11 @@ class Listening(Generic[R]):
 
     def words_final_due(self) -> bool:
         """The sound has been over long enough that its words are final (or it says resume)."""
-        judge = self.judge
-        return self._words_coming and judge is not None and (
-            self._held is not None or judge.sound_ended_ms >= judge.config.words_final_ms)
+        return self._words_coming and (self._held is not None or self._sound_over())
+
+    def _sound_over(self) -> bool:
+        """``words_final_ms`` unvoiced since the sound's last voiced frame."""
+        return self.judge is not None and self.judge.sound_ended_ms >= self.judge.config.words_final_ms
 
     def begin(self, judge: OverlapJudge, reply: R, words: bool = False) -> None:
         """``words``: the overlap's audio is being transcribed; ``heard`` will tell its words."""
@@ -190,7 +192,7 @@ class Listening(Generic[R]):
             self._final = text
             if self._held is not None:
                 return self._settle(self._by_words(self._held, text))
-            if words and self.judge.sound_ended_ms >= self.judge.config.words_final_ms:
+            if words and self._sound_over():
                 return self._settle(replace(self.judge.now(OverlapKind.BACKCHANNEL), words=text))
         return None
 

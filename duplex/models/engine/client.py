@@ -168,15 +168,11 @@ class EngineClient:
             raise EngineError(self.name, f"tool call arguments exceed {self.settings.max_argument_bytes} bytes")
 
     def _check_blanks(self, runs: dict[int, int], piece: CallPiece) -> None:
-        """The longest whitespace run of a call's arguments so far, across pieces."""
-        text, run = piece.arguments, runs.get(piece.index, 0)
-        body = text.strip()
-        if not body:
-            longest = runs[piece.index] = run + len(text)
-        else:
-            inner = max((len(m) for m in _BLANKS.findall(body)), default=0)
-            longest = max(run + len(text) - len(text.lstrip()), inner)
-            runs[piece.index] = len(text) - len(text.rstrip())
+        """The longest whitespace run of a call's arguments, across pieces (``runs``: each call's
+        trailing run so far)."""
+        text = " " * runs.get(piece.index, 0) + piece.arguments
+        runs[piece.index] = len(text) - len(text.rstrip())
+        longest = max((len(run) for run in _BLANKS.findall(text)), default=0)
         if longest > self.settings.max_blank_run:
             raise EngineError(self.name, f"tool call arguments ran on in whitespace ({longest} blank characters in "
                                          f"a row, more than {self.settings.max_blank_run}): the model looped")
