@@ -71,6 +71,23 @@ def test_a_sound_soon_after_a_backchannel_continues_it_and_one_later_does_not():
     assert (soon.voiced_ms, later.voiced_ms) == (80 + first.voiced_ms + CONFIG.rejoin_ms, 80)
 
 
+def test_a_click_too_short_to_start_a_turn_is_continued_by_no_sound():
+    """A 40 ms click pauses a reply (``pause_speech_ms`` under ``vad.min_speech_ms``) and is judged
+    noise; a second click soon after is a new sound, not the rest of an utterance."""
+    word_ms = SessionConfig().vad.min_speech_ms
+    click = OverlapJudge(CONFIG, onset_ms=1000, now_ms=1060, voiced_ms=60, word_ms=word_ms)
+    first = next(v for v in (click.push(FRAME_MS, False) for _ in range(40)) if v is not None)
+    assert first.kind is OverlapKind.NOISE and first.voiced_ms < word_ms
+    second = OverlapJudge(CONFIG, onset_ms=first.sound_end_ms + FRAME_MS, now_ms=0, voiced_ms=60, word_ms=word_ms)
+    second.continues(first)
+    assert second.voiced_ms == 60
+    word = OverlapJudge(CONFIG, onset_ms=1000, now_ms=1080, voiced_ms=word_ms, word_ms=word_ms)
+    short = next(v for v in (word.push(FRAME_MS, False) for _ in range(40)) if v is not None)
+    after = OverlapJudge(CONFIG, onset_ms=short.sound_end_ms + FRAME_MS, now_ms=0, voiced_ms=60, word_ms=word_ms)
+    after.continues(short)  # a sound as long as a turn's start is a word: it is continued
+    assert after.voiced_ms == 60 + word_ms + FRAME_MS
+
+
 async def test_wait_then_stop_is_one_interruption():
     call = Call()
     await answering(call, *REPLY, complete=False)

@@ -14,7 +14,7 @@ from duplex.runtime.contract import OverlapProbe, TurnRequest
 from duplex.session import events as ev
 from duplex.session.config import BargeInConfig, SessionConfig
 from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
-from duplex.session.overlap_words import is_backchannel, spoken_words
+from duplex.session.overlap_words import is_backchannel, spoken_words, takes_floor
 from duplex.session.protocol import handle_client_message
 from tests.session_fakes import FRAME_MS, Call, words
 from tests.test_session_call import SILENCE_MS, answering, play_until_idle
@@ -36,6 +36,16 @@ def test_backchannel_words(text):
                                   "Yeah, but", "okay stop", "I"])
 def test_words_that_are_not_a_backchannel(text):
     assert spoken_words(text) and not is_backchannel(spoken_words(text))
+
+
+@pytest.mark.parametrize(("text", "floor"), [("I", False), ("Emama.", False), ("Uh-huh.", False), ("", False),
+                                            ("Stop.", True), ("Sorry,", True), ("No.", True), ("What?", True),
+                                            ("I want", True), ("Yeah, but", True), ("Okay so", True)])
+def test_words_take_the_floor_when_there_are_min_words_of_them_or_one_says_so(text, floor):
+    """Whisper-base heard Piper's "uh-huh" as "I" and its "mm-hmm" as "Emama.": one word that is no
+    command says too little; two words, or "stop", "sorry", "no", "what", take the floor."""
+    assert takes_floor(spoken_words(text), CONFIG.min_words) is floor
+    assert takes_floor(spoken_words("Emama."), 1)  # min_words 1: every other word interrupts
 
 
 def test_sound_notes_silence_and_spelled_hums_are_no_words():
@@ -90,6 +100,34 @@ def test_a_word_that_is_no_backchannel_interrupts_as_soon_as_it_is_heard():
     assert push(heard, "v" * 8) == (None, 8)  # "stop" is still being said
     verdict, _ = heard.heard("Stop", final=False)  # a partial transcript
     assert verdict.interrupts and verdict.words == "Stop" and verdict.span_ms == 80 + 8 * FRAME_MS
+
+
+def test_a_lone_word_that_takes_no_floor_holds_the_reply_until_rejoin_ms_then_the_sound_decides():
+    """Whisper heard Piper's "Wait," as "way" (more words follow a comma pause longer than
+    resume_ms) and its "mm-hmm" as "Emama." (nothing follows): neither cuts the reply at once,
+    and it resumes only once no word could continue it."""
+    rejoin_frames = CONFIG.rejoin_ms // FRAME_MS
+    assert rejoin_frames > RESUME_FRAMES
+    heard = listening()
+    assert heard.heard("Way", final=False) is None  # a partial lone word does not interrupt
+    assert push(heard, "v" * 10 + "." * FINAL_FRAMES) == (None, 10 + FINAL_FRAMES)
+    assert heard.heard("way", final=True) is None  # final, but it may begin a sentence
+    assert push(heard, "." * (rejoin_frames - FINAL_FRAMES - 1)) == (None, rejoin_frames - FINAL_FRAMES - 1)
+    verdict, n = push(heard, "." * 5)  # past resume_ms, paused still; at rejoin_ms the sound decides
+    assert n == 1 and verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None
+    assert verdict.span_ms == 80 + (10 + rejoin_frames) * FRAME_MS
+    # words that come once the sound said resume hold it the same way
+    held = listening()
+    assert push(held, "v" * 10 + "." * RESUME_FRAMES) == (None, 10 + RESUME_FRAMES) and held.waiting_words
+    assert held.heard("Emama.", final=True) is None
+    assert push(held, "." * rejoin_frames)[1] == rejoin_frames - RESUME_FRAMES
+    # more voice within rejoin_ms: the sound goes on, and two words take the floor
+    more = listening()
+    push(more, "v" * 10 + "." * FINAL_FRAMES)
+    assert more.heard("way", final=True) is None
+    assert push(more, "." * 5 + "v" * 5) == (None, 10)
+    more.rehear()
+    assert more.heard("Wait, actually", final=False)[0].interrupts
 
 
 def test_backchannel_words_resume_once_the_sound_has_ended_and_not_before():

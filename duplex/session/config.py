@@ -65,9 +65,10 @@ class BargeInConfig(_Strict):
 
     ``words`` (where the pipeline's ASR hears an overlap: ``SessionConfig.overlap_probe_request``):
     the overlap's audio is transcribed too, and the words decide: a backchannel ("uh-huh", "yeah",
-    "okay", ``overlap_words.BACKCHANNELS``) resumes, any other word ("sorry", "stop", "no")
-    interrupts, even before the sound ended; no words, or none within ``words_wait_ms`` of the
-    sound's end, leave the verdict to the sound. The words are final once ``words_final_ms`` of
+    "okay", ``overlap_words.BACKCHANNELS``) resumes; ``min_words`` other words, or one that takes
+    the floor alone ("sorry", "stop", "no": ``overlap_words.FLOOR_WORDS``), interrupt, even before
+    the sound ended; fewer words, no words, or none within ``words_wait_ms`` of the sound's end,
+    leave the verdict to the sound. The words are final once ``words_final_ms`` of
     the sound's end is unvoiced (the ASR's input closes then): final words that are all a
     backchannel resume the reply at once, sooner than ``resume_ms`` of silence would."""
 
@@ -81,10 +82,12 @@ class BargeInConfig(_Strict):
     words_wait_ms: int = Field(1200, ge=0, le=5000)  # after the sound's end, the longest wait for its words
     words_final_ms: int = Field(120, ge=20, le=2000)  # unvoiced after the sound: its words are final
     # voiced audio that pauses a live reply (vad.min_speech_ms, if lower): a pause is undone when
-    # the sound turns out no interruption, so it may come sooner than a turn's start. Not by
-    # default: at 60 a 40 ms click pauses the reply for resume_ms (an audible gap), and a second
-    # one within rejoin_ms makes the two an interruption (the noise-burst scenario, measured)
-    pause_speech_ms: int = Field(80, ge=20, le=2000)
+    # the sound turns out no interruption, so it may come sooner than a turn's start
+    pause_speech_ms: int = Field(60, ge=20, le=2000)
+    # words that take the floor: at least this many that are not all a backchannel, or one of
+    # overlap_words.FLOOR_WORDS ("stop", "wait", "sorry"); fewer are left to the sound (Whisper
+    # hears a lone "uh-huh" as "I" or a made-up word)
+    min_words: int = Field(2, ge=1, le=20)
 
     @model_validator(mode="after")
     def _check(self) -> BargeInConfig:

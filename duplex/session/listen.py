@@ -59,7 +59,8 @@ class ListeningSession:
         self.last_barge_in_ms = 1000 * (self._clock() - self._input.clock.time_at(onset_ms))
         voiced_ms = min(self.detector.min_speech_ms, self._stream_ms - onset_ms)
         vad = self.config.vad
-        judge = OverlapJudge(self.config.barge_in, onset_ms, self._stream_ms, voiced_ms, vad.silence_ms - vad.frame_ms)
+        judge = OverlapJudge(self.config.barge_in, onset_ms, self._stream_ms, voiced_ms, vad.silence_ms - vad.frame_ms,
+                             word_ms=vad.min_speech_ms)
         words = self.config.barge_in.words and self.config.overlap_probe_request
         self._listening.begin(judge, response, words)
         self.tell.paused(response, played, onset_ms)

@@ -10,20 +10,25 @@ frame by frame on stream time (no wall clock, so it is tested without one), and 
 
 A sound that starts within ``rejoin_ms`` of the end of one judged a backchannel continues it:
 "Wait, stop." is two short sounds and one interruption (their voiced time and the pause
-between them add up).
+between them add up). A sound too short to start a turn (a click, under ``vad.min_speech_ms``
+voiced: it paused the reply only because ``pause_speech_ms`` is lower) is continued by none.
 
 The sound alone (duration and voicing, the VAD's verdicts) cannot tell a one-word command
 shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed by a pause from
 "okay". Where the pipeline transcribes the overlap (``barge_in.words``, ``overlap_words.py``),
 ``Listening`` hears the words too:
 
-- any word that is not a backchannel interrupts as soon as it is heard (a partial transcript
-  may come before the sound has ended);
+- words that take the floor (``barge_in.min_words`` words that are not all a backchannel, or a
+  word like "stop" or "sorry": ``overlap_words.takes_floor``) interrupt as soon as they are
+  heard (a partial transcript may come before the sound has ended);
 - the words are final once the sound has been over ``words_final_ms`` (the ASR's input closes
   then): a backchannel resumes the reply as soon as they come, before ``resume_ms`` of silence
-  (the caller's "yeah" is answered by the reply going on within ~0.2 s, as a person would);
+  (the caller's "yeah" is answered by the reply going on within ~0.2 s, as a person would); a
+  lone other word ("I", "way") may begin a sentence, and the reply stays paused until the sound
+  has been over ``rejoin_ms``, then resumes;
 - when the sound says "resume", the reply stays paused until the final words: a backchannel
-  resumes it (``BACKCHANNEL``), other words interrupt, no words leave the sound's verdict. A
+  resumes it (``BACKCHANNEL``), words that take the floor interrupt, no words (or a lone other
+  word, ``rejoin_ms`` after the sound) leave the sound's verdict. A
   noise waits too, though no word of it counts: "Wait," over a phone line is under ``noise_ms``
   voiced, and the hold keeps the reply from resuming before the rest of the sentence cuts it;
 - words that are not back ``words_wait_ms`` after the sound's end, or a probe that ends without
@@ -41,7 +46,7 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from duplex.session.config import BargeInConfig
-from duplex.session.overlap_words import credible, is_backchannel, spoken_words
+from duplex.session.overlap_words import credible, is_backchannel, spoken_words, takes_floor
 
 R = TypeVar("R")
 
@@ -68,12 +73,14 @@ class OverlapVerdict:
 
 class OverlapJudge:
     def __init__(self, config: BargeInConfig, onset_ms: int, now_ms: int, voiced_ms: int,
-                 turn_silence_ms: int | None = None) -> None:
+                 turn_silence_ms: int | None = None, word_ms: int = 0) -> None:
         """``now_ms``: stream time when the onset was recognised (the VAD needs a few frames);
         ``voiced_ms``: voiced audio from the onset up to then; ``turn_silence_ms``: the silence
         that ends a turn, which a false onset's end must not outlast (so a short end-of-turn
-        silence shortens ``resume_ms``)."""
+        silence shortens ``resume_ms``); ``word_ms``: voiced audio a sound needs to be continued
+        by the next (the VAD's ``min_speech_ms``)."""
         self.config = config
+        self.word_ms = word_ms
         self.resume_ms = config.resume_ms if turn_silence_ms is None else min(config.resume_ms, turn_silence_ms)
         self.onset_ms = onset_ms
         self.voiced_ms = voiced_ms
@@ -85,8 +92,10 @@ class OverlapJudge:
         """This sound follows ``previous`` (a backchannel or noise verdict of the same reply):
         within ``rejoin_ms`` of its end, they are one utterance: its voiced time and the gap
         between them (a pause between words) count as speech."""
-        gap_ms = self.onset_ms - previous.sound_end_ms if previous is not None else None
-        if previous is not None and gap_ms is not None and 0 <= gap_ms <= self.config.rejoin_ms:
+        if previous is None or previous.voiced_ms < self.word_ms:
+            return  # a click is no word of an utterance
+        gap_ms = self.onset_ms - previous.sound_end_ms
+        if 0 <= gap_ms <= self.config.rejoin_ms:
             self.voiced_ms += previous.voiced_ms + gap_ms
 
     @property
@@ -112,10 +121,14 @@ class OverlapJudge:
             return self._verdict(OverlapKind.INTERRUPTION)
         # a sound that has ended is judged so however long ago it began (its words may be awaited)
         if self._unvoiced_run_ms >= self.resume_ms:
-            return self._verdict(OverlapKind.NOISE if self.voiced_ms < cfg.noise_ms else OverlapKind.BACKCHANNEL)
+            return self._verdict(self.sound_kind())
         if self.span_ms >= cfg.max_overlap_ms:
             return self._verdict(OverlapKind.INTERRUPTION)
         return None
+
+    def sound_kind(self) -> OverlapKind:
+        """What the sound heard so far is, if it is over: noise or a backchannel, by its voiced time."""
+        return OverlapKind.NOISE if self.voiced_ms < self.config.noise_ms else OverlapKind.BACKCHANNEL
 
     def now(self, kind: OverlapKind) -> OverlapVerdict:
         """A verdict of ``kind`` on what was heard so far (the words decided it)."""
@@ -174,7 +187,7 @@ class Listening(Generic[R]):
         if verdict is None or verdict.interrupts or not self._words_coming:
             self._held = None  # the sound goes on (or is decided): its end is still to come
             return None if verdict is None else self._settle(verdict)
-        if self._final is not None:
+        if self._final is not None and not self._more_to_come(self._final):
             return self._settle(self._by_words(verdict, self._final))
         self._held = verdict
         if self.judge.sound_ended_ms >= self.judge.config.words_wait_ms:
@@ -186,15 +199,24 @@ class Listening(Generic[R]):
         if self.judge is None or not self._words_coming:
             return None
         words = self._credible(spoken_words(text), self.judge.voiced_ms)
-        if words and not is_backchannel(words):  # "sorry", "stop": an interruption, whatever comes
+        if takes_floor(words, self.judge.config.min_words):  # "sorry", "stop": an interruption, whatever comes
             return self._settle(replace(self.judge.now(OverlapKind.INTERRUPTION), words=text))
         if final:
             self._final = text
-            if self._held is not None:
+            if self._held is not None and not self._more_to_come(text):
                 return self._settle(self._by_words(self._held, text))
-            if words and self._sound_over():
+            if is_backchannel(words) and self._sound_over():
                 return self._settle(replace(self.judge.now(OverlapKind.BACKCHANNEL), words=text))
         return None
+
+    def _more_to_come(self, text: str) -> bool:
+        """A lone word that is neither a backchannel nor takes the floor ("way": Whisper's hearing
+        of a Piper "Wait,") may begin a sentence: the reply stays paused until the sound has been
+        over ``rejoin_ms`` (more words continue it), and only then resumes."""
+        assert self.judge is not None
+        words = self._credible(spoken_words(text), self.judge.voiced_ms)
+        uncertain = bool(words) and not is_backchannel(words) and not takes_floor(words, self.judge.config.min_words)
+        return uncertain and self.judge.sound_ended_ms < self.judge.config.rejoin_ms
 
     def words_lost(self) -> tuple[OverlapVerdict, R] | None:
         """The transcription ended without final words: the sound decides alone (now, if it had)."""
@@ -220,10 +242,12 @@ class Listening(Generic[R]):
     def _by_words(self, verdict: OverlapVerdict, text: str) -> OverlapVerdict:
         """The sound said resume; the final words say what it was (none: the sound's verdict)."""
         words = self._credible(spoken_words(text), verdict.voiced_ms)
-        if not words:
-            return verdict
-        kind = OverlapKind.BACKCHANNEL if is_backchannel(words) else OverlapKind.INTERRUPTION
-        return replace(verdict, kind=kind, words=text)
+        if is_backchannel(words):
+            return replace(verdict, kind=OverlapKind.BACKCHANNEL, words=text)
+        assert self.judge is not None
+        if takes_floor(words, self.judge.config.min_words):
+            return replace(verdict, kind=OverlapKind.INTERRUPTION, words=text)
+        return verdict  # no words, or too few to take the floor: the sound's verdict
 
     def _settle(self, verdict: OverlapVerdict) -> tuple[OverlapVerdict, R]:
         reply = self.reply

@@ -4,7 +4,10 @@ The words: a transcript is normalised (lower case, punctuation and Whisper's bra
 notes like "(coughs)" dropped, "uh-huh" and "uh huh" alike, lone letters other than "I" dropped:
 Whisper spells a hum out as "M. H. N.") and is a backchannel when every word belongs to one of
 ``BACKCHANNELS`` ("yeah okay", "oh I see"); interjections alone ("oh", "ah", "um", "huh", and
-"ow", Whisper's hearing of a Piper "uh-huh") take no floor either. No words at all (noise, a
+"ow", Whisper's hearing of a Piper "uh-huh") take no floor either. Other words take the floor
+(``takes_floor``) when there are ``barge_in.min_words`` of them, or one of ``FLOOR_WORDS``
+("stop", "wait", "sorry"); a lone other word ("I", "Emama.": Whisper's hearing of a Piper
+"uh-huh" and "mm-hmm") says too little, and the sound decides. No words at all (noise, a
 cough) says nothing.
 
 Whisper makes words up from a short noise (measured on a 0.3 s cough: "I'm not a good guy.",
@@ -36,6 +39,11 @@ BACKCHANNELS: frozenset[tuple[str, ...]] = frozenset(tuple(phrase.split()) for p
     "ow", "aw", "huh", "eh", "er", "um", "uh", "whoa", "ha", "haha",  # interjections
 ))
 _LONGEST = max(len(phrase) for phrase in BACKCHANNELS)
+# Words that take the floor on their own: a one-word overlap is most often a backchannel Whisper
+# misheard ("I" for a Piper "uh-huh", "Emama." for its "mm-hmm"), unless it is one of these.
+FLOOR_WORDS = frozenset(("stop", "wait", "sorry", "no", "nope", "nah", "hold", "hang", "hey", "excuse", "pardon",
+                         "actually", "but", "what", "why", "how", "cancel", "pause", "quiet", "enough", "listen",
+                         "hello", "repeat", "again", "help", "operator"))
 MS_PER_WORD = 100  # voiced audio per word, at the least (10 words a second: faster than anyone speaks)
 _NOTES = re.compile(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*")  # Whisper's "(coughs)", "[Music]", "*sigh*"
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
@@ -50,6 +58,14 @@ def spoken_words(text: str) -> list[str]:
 def credible(words: list[str], voiced_ms: int, noise_ms: int) -> bool:
     """Whether a sound with ``voiced_ms`` of voice could have said ``words`` (see above)."""
     return voiced_ms >= noise_ms and len(words) * MS_PER_WORD <= voiced_ms
+
+
+def takes_floor(words: list[str], min_words: int) -> bool:
+    """Whether ``words`` (normalised) interrupt: not a backchannel, and ``min_words`` of them or a
+    word of ``FLOOR_WORDS`` (fewer say too little: the sound decides)."""
+    if not words or is_backchannel(words):
+        return False
+    return len(words) >= min_words or any(word in FLOOR_WORDS for word in words)
 
 
 def is_backchannel(words: list[str]) -> bool:

@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-LATENCIES = (("ttfb_ms", "end of speech -> first audio"), ("stop_ms", "onset -> agent silent"),
-             ("answer_ms", "interruption -> its answer"), ("resume_ms", "false onset's end -> resumed"))
+LATENCIES = (("ttfb_ms", "end of speech\n-> first audio"), ("stop_ms", "onset\n-> agent silent"),
+             ("answer_ms", "interruption\n-> its answer"), ("resume_ms", "false onset's end\n-> resumed"))
 
 
 def plot(report: dict, path: Path) -> None:
@@ -37,7 +37,7 @@ def plot(report: dict, path: Path) -> None:
             p50s = [s[key]["p50"] for s in report["modes"][mode].values() if s[key]["n"]]
             values.append(float(np.median(p50s)) if p50s else 0.0)
         bars = latency.bar(x + i * width, values, width, label=mode)
-        latency.bar_label(bars, fmt="%.0f", fontsize=8)
+        latency.bar_label(bars, labels=[f"{v:.0f}" if v else "-" for v in values], fontsize=8)  # -: not measured
     latency.set_xticks(x + width * (len(modes) - 1) / 2, [label for _, label in LATENCIES], fontsize=8)
     latency.set_ylabel("ms (p50)")
     latency.set_title(f"latencies, {report['config']} pipeline")
