@@ -81,3 +81,17 @@ def test_an_array_whose_bytes_are_missing_fails_instead_of_reading_garbage() -> 
         unpack(packed.meta, None, copy=True)
     with pytest.raises(ValueError, match="outside its 16-byte buffer"):
         unpack(packed.meta, packed.to_bytes()[:16], copy=True)
+
+
+def test_packing_goes_on_while_another_thread_is_still_importing_torch(monkeypatch):
+    """A model loading on a worker thread imports torch; until that import is done, sys.modules
+    holds a half-made module without ``Tensor``. The session's audio (with the VAD's np.bool_
+    verdicts) and a tensor-free struct must still pack (this killed a call's audio input once)."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))  # what a half-done import leaves
+    audio = CallerAudio(samples=np.zeros(320, np.float32), voiced=[np.bool_(True), np.bool_(False)])
+    back = _roundtrip(audio)
+    assert back.voiced == [True, False] and back.samples.shape == (320,)
+    assert _roundtrip({"n": np.int16(3), "flag": np.bool_(True)}) == {"n": 3, "flag": True}

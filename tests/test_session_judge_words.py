@@ -88,3 +88,22 @@ async def test_a_verdict_waiting_for_words_is_dropped_when_the_caller_speaks_aga
     await call.settle()
     await _steps()
     assert not call.of_type(ev.TurnJudged) and not call.of_type(ev.SpeechStopped)
+
+
+async def test_a_question_the_asr_heard_asked_is_complete_whatever_the_model_says():
+    """Smart Turn gave Piper's "Sorry, can I ask something else instead" 0.02; Whisper writes it
+    with a "?". A hanging last word still vetoes ("Can I get a?")."""
+    call, speculation = await _judged_by_sound_before_the_words("sorry can i ask something else instead",
+                                                                 "Sorry, can I ask", 0.02)
+    speculation.transcript("Sorry, can I ask something else instead?")
+    judgement = await judged(call)
+    assert judgement.complete and judgement.words_ask and judgement.probability == 0.02
+    assert len(call.of_type(ev.SpeechStopped)) == 1 and call.of_type(ev.TurnJudged)[0].words_ask
+    call, speculation = await _judged_by_sound_before_the_words("can i get a", "Can I get", 0.02)
+    speculation.transcript("Can I get a?")
+    judgement = await judged(call)
+    assert judgement.words_ask and judgement.words_hang and not judgement.complete
+    call, speculation = await _judged_by_sound_before_the_words("i would like a tea", "I would like", 0.02)
+    speculation.transcript("I would like a tea.")
+    judgement = await judged(call)
+    assert not judgement.words_ask and not judgement.complete  # a statement: the model decides

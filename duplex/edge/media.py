@@ -52,11 +52,15 @@ class SessionAudioTrack(MediaStreamTrack):
 
 class InputPump:
     """Reads the caller's track, converts to int16 mono at the session rate, hands it to ``push`` with the
-    arrival time and its place in the stream. Ends when the track ends."""
+    arrival time and its place in the stream. Ends when the track ends, or when ``push`` fails:
+    then ``failed`` is told why (the call cannot hear its caller any more, so it must end, not
+    sit in a turn that never ends)."""
 
-    def __init__(self, track: MediaStreamTrack, push: Callable[[np.ndarray, float, int | None], None]) -> None:
+    def __init__(self, track: MediaStreamTrack, push: Callable[[np.ndarray, float, int | None], None],
+                 failed: Callable[[Exception], None]) -> None:
         self._track = track
         self._push = push
+        self._failed = failed
         self._resampler = Resampler(SESSION_RATE)
         self.frames = 0
 
@@ -75,8 +79,14 @@ class InputPump:
             except (av.FFmpegError, ValueError) as exc:  # a broken frame is dropped, not fatal
                 log.warning("dropping an undecodable audio frame: %s", exc)
                 continue
-            if pcm.size:
+            if not pcm.size:
+                continue
+            try:
                 self._push(pcm, arrival, _stream_position(frame))
+            except Exception as exc:
+                log.exception("the session failed on the caller's audio")
+                self._failed(exc)
+                return
 
 
 def _stream_position(frame: av.AudioFrame) -> int | None:

@@ -80,7 +80,7 @@ class WebRTCGateway:
         self.config = config
         self.calls: dict[str, Call] = {}
         self.counters = {"offers": 0, "answered": 0, "bad_offers": 0, "connected": 0, "hung_up": 0,
-                         "low_latency_receivers": 0, "not_connected": 0, "ended_at_max": 0}
+                         "low_latency_receivers": 0, "not_connected": 0, "ended_at_max": 0, "failed": 0}
 
     async def answer(self, offer_sdp: str, settings: ev.SessionSettings | None = None) -> tuple[Call, str]:
         """Accept an offer: returns (the call, answer SDP). Raises SessionsFull, OfferError."""
@@ -128,7 +128,18 @@ class WebRTCGateway:
 
     def _on_track(self, call: Call, track: MediaStreamTrack) -> None:
         if track.kind == "audio" and call.session is not None:
-            call.spawn(InputPump(track, call.session.push_input).run(), "input")
+            call.spawn(InputPump(track, call.session.push_input, lambda exc: self._fail(call, exc)).run(), "input")
+
+    def _fail(self, call: Call, exc: Exception) -> None:
+        """The call broke inside the server: the client is told, and the call ends."""
+        if call.session is not None:
+            call.session.emit_error("server_error", f"the call failed: {exc!r}; it is ended", kind="server_error")
+        self.counters["failed"] += 1
+        asyncio.get_running_loop().create_task(self._end_after_flush(call))
+
+    async def _end_after_flush(self, call: Call) -> None:
+        await _flushed(call.channel)
+        await self.hang_up(call.id)
 
     def _on_channel(self, call: Call, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL or call.session is None or call.channel is not None:
@@ -171,8 +182,7 @@ class WebRTCGateway:
         self.counters["ended_at_max"] += 1
         call.session.emit_error("session_expired", f"calls last at most {self.config.max_call_s:g} s "
                                                    "(max_call_s); this one has ended", kind="server_error")
-        await _flushed(call.channel)
-        await self.hang_up(call.id)
+        await self._end_after_flush(call)
 
     async def hang_up(self, call_id: str) -> bool:
         call = self.calls.pop(call_id, None)

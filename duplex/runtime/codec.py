@@ -90,6 +90,8 @@ class _Packer:
             offset = self._add_buffer(raw)
             desc = (array.dtype.str, list(array.shape), offset, raw.nbytes)
             return msgspec.msgpack.Ext(_EXT_NUMPY, msgspec.msgpack.encode(desc))
+        if isinstance(obj, np.generic):  # a numpy scalar (the VAD's np.bool_ verdicts)
+            return obj.item()
         torch = _torch_if_loaded()
         if torch is not None and isinstance(obj, torch.Tensor):
             tensor = obj.detach().to("cpu").contiguous()
@@ -97,8 +99,6 @@ class _Packer:
             offset = self._add_buffer(raw)
             desc = (str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, raw.nbytes)
             return msgspec.msgpack.Ext(_EXT_TORCH, msgspec.msgpack.encode(desc))
-        if isinstance(obj, (np.generic,)):
-            return obj.item()
         raise TypeError(f"cannot send a {type(obj).__name__} between stages")
 
 
@@ -186,6 +186,10 @@ def unpack(meta: bytes, buffer: Any, copy: bool, on_view: Callable[[np.ndarray],
 
 
 def _torch_if_loaded():
+    """torch, if it is imported (and done importing): no tensor exists before then. Another thread
+    may be importing it (a model loading on a worker thread) while this one packs a payload; its
+    half-made module has no ``Tensor`` yet."""
     import sys
 
-    return sys.modules.get("torch")
+    torch = sys.modules.get("torch")
+    return torch if hasattr(torch, "Tensor") else None

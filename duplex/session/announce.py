@@ -45,7 +45,8 @@ class Announcer:
     def turn_judged(self, user_item: str, judgement: TurnJudgement) -> None:
         probability = None if judgement.probability is None else round(judgement.probability, 3)
         self.emit(ev.TurnJudged(item_id=user_item, audio_end_ms=judgement.pause_end_ms, probability=probability,
-                                words_hang=judgement.words_hang, complete=judgement.complete))
+                                words_hang=judgement.words_hang, words_ask=judgement.words_ask,
+                                complete=judgement.complete))
 
     def user_transcript(self, user_item: str, transcript: Transcript) -> None:
         if transcript.final:

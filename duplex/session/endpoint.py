@@ -2,8 +2,11 @@
 turn? At a pause of ``semantic.check_ms`` the judge asks the server's ``TurnEndModel`` (Smart
 Turn: the sound of the turn's last seconds) and looks at the turn's last words (from the ASR's
 transcripts); the turn is complete when the model's probability reaches the eagerness'
-threshold and the words do not hang ("I'd like a large, um"). A complete turn ends at once; one
-that is not waits, up to the longest pause (``TurnDetector.silence_ms``).
+threshold and the words do not hang ("I'd like a large, um"). A question the ASR heard asked
+(its transcript ends in "?") is complete too, whatever the model says: Smart Turn hears Piper's
+"Sorry, can I ask something else instead" as unfinished (0.02), Whisper writes it with a "?",
+and puts one on none of the truncated lines measured. A complete turn ends at once; one that is
+not waits, up to the longest pause (``TurnDetector.silence_ms``).
 
 The model runs off the event loop (it is awaited in a session task) and its verdict arrives a
 few frames later; it counts only if the pause it was asked about still goes on then.
@@ -46,12 +49,18 @@ def last_word_hangs(text: str) -> bool:
     return bool(words) and words[-1] in HANGING_WORDS
 
 
+def asks(text: str) -> bool:
+    """The transcript ends a question (the ASR's "?", from the syntax and the rising voice)."""
+    return text.rstrip(" \"')").endswith("?")
+
+
 @dataclass(frozen=True)
 class TurnJudgement:
     pause_end_ms: int  # the end of speech of the pause judged
     probability: float | None  # the model's P(complete); None: no model on this server
     words_hang: bool  # the turn's last words say it is not over
     complete: bool
+    words_ask: bool = False  # the turn's words end a question: complete, whatever the model says
 
 
 class EndOfTurnJudge:
@@ -116,7 +125,8 @@ class EndOfTurnJudge:
         self._decide(pause_end_ms, probability)
 
     def _decide(self, pause_end_ms: int, probability: float | None) -> None:
-        hangs = last_word_hangs(self._words)
+        hangs, question = last_word_hangs(self._words), asks(self._words)
         sounds_complete = probability is None or probability >= self.config.complete_at
         self._asked = self._waiting = None
-        self._settle(TurnJudgement(pause_end_ms, probability, hangs, sounds_complete and not hangs))
+        self._settle(TurnJudgement(pause_end_ms, probability, hangs, (sounds_complete or question) and not hangs,
+                                   question))

@@ -194,6 +194,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     with ServerProcess(["--config", args.config, "--port", "0", "--ice-loopback"]) as server:
         parts: dict[str, dict[str, float] | None] = {}
         measured = asyncio.run(_measure(server.url, args.rounds, args.voice, chosen_modes, categories_played, parts))
+        if any(cat.failed for cats in measured.values() for cat in cats.values()):
+            print("a scenario failed; the server's last lines:\n" + "".join(server.output[-40:]), file=sys.stderr)
     report = {"config": args.config, "rounds": args.rounds, "voice": args.voice,
               "modes": {mode: {c: cat.summary() for c, cat in cats.items()} for mode, cats in measured.items()},
               "server_parts_ms": parts}  # per mode: the server's mean per part of time to first audio

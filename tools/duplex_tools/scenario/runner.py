@@ -188,8 +188,9 @@ class _ScenarioCall:
             if idle and time.monotonic() - since >= quiet_s:
                 break
             if time.monotonic() > deadline:
+                last = ", ".join(f"{at - recording.started_at:.2f} {_brief(e)}" for at, e in client.events[-16:])
                 raise TriggerTimeout(f"the conversation did not go quiet within {SETTLE_TIMEOUT_S:g} s "
-                                     f"(state {states[-1][1] if states else 'idle'})")
+                                     f"(state {states[-1][1] if states else 'idle'}); its last events: {last}")
             await asyncio.sleep(FRAME_S * 5)
         current = await self.stats.get()
         recording.session_stats = current.get("sessions", {}).get("sessions", {}).get(recording.session_id)
@@ -200,6 +201,15 @@ class _ScenarioCall:
             except StatsError as exc:
                 recording.idle_at_end = False
                 recording.idle_detail = str(exc)
+
+
+def _brief(event: dict) -> str:
+    """An event's type, with the field that says most about it."""
+    kind = str(event.get("type"))
+    error = event.get("error")
+    detail = error.get("message") if isinstance(error, dict) else None
+    detail = detail or event.get("state") or event.get("kind") or event.get("complete") or event.get("transcript")
+    return f"{kind}({detail})" if detail not in (None, "") else kind
 
 
 def _is_cut(event: dict) -> bool:
