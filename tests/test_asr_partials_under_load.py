@@ -64,3 +64,29 @@ def test_partials_come_at_the_interval_for_a_few_callers_and_less_often_for_a_cr
         assert out[-1].final and out[-1].text
     assert clips_crowd / 6 < clips_alone / 2  # per caller, well under half the model's work
     assert clips_pair == 2 * clips_alone
+
+
+def _pause_together(callers: int) -> list[list[Transcript]]:
+    """``callers`` requests: 1 s of speech, then 0.3 s of silence, then their ends (a turn that
+    pauses and is over); what each request emitted before its end."""
+    transcriber, clock = CountingTranscriber(), Clock()
+    asr = StreamingASR(transcriber, StreamingPolicy(partial_interval_s=2.0, settle_s=0.1, partial_speakers=2),  # type: ignore[arg-type]
+                       clock=clock)
+    states: list[dict] = [{} for _ in range(callers)]
+    emitted: list[list[Transcript]] = [[] for _ in range(callers)]
+    quiet = CallerAudio(np.zeros(int(CHUNK_S * 16000), np.float32), [False] * 5, 20)
+    for chunk in [_speech_chunk()] * 10 + [quiet] * 3:
+        items = [WorkItem(f"r{n}", "client", chunk, False) for n in range(callers)]
+        for n, out in enumerate(asr(items, states)):
+            emitted[n] += out
+        clock.now += CHUNK_S
+    return emitted
+
+
+def test_a_settled_pause_is_transcribed_at_once_for_a_few_callers_and_not_in_a_crowd():
+    """Alone, the settled pause's partial covers the whole turn (its end then needs no model call);
+    in a crowd the final at the end of the turn does that work once."""
+    (alone,) = _pause_together(1)
+    assert [t.text for t in alone] == [f"words {17600}"]  # the 1 s of speech and 0.1 s settled, at the pause
+    crowd = _pause_together(6)
+    assert all(out == [] for out in crowd)

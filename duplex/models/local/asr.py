@@ -4,11 +4,12 @@ Whisper is not a streaming model, so streaming is a policy on top of it:
 
 - while the user speaks, the whole utterance so far is re-transcribed after every
   ``partial_interval_s`` of new speech, and as soon as ``settle_s`` of silence follows speech
-  (the likely end of the turn, before the session's VAD has decided it);
+  (the likely end of the turn, before the session's VAD has decided it; not in a crowd, below);
 - at end of speech (the request's last audio chunk), if nothing but silence arrived since the
   last partial, that partial IS the final transcript and no model call is left to wait for;
 - with more than ``partial_speakers`` callers speaking at once, each one's partials come less
-  often (the interval grows with the crowd): under load the cores go to the finals first.
+  often (the interval grows with the crowd) and a settled pause makes none: under load the
+  cores go to the finals first.
 
 "Speech" here is the session's own voice-activity decision, which each ``CallerAudio`` chunk
 carries per frame: one decision per frame, the same one the session ended the turn on.
@@ -210,9 +211,11 @@ class StreamingASR:
         policy = self.policy
         frame = state.get("frame", SAMPLE_RATE)
         new_voiced = state["voiced"][state["done"] // frame:]
-        if final or self._settled(new_voiced, frame):
+        crowded = interval_s > policy.partial_interval_s
+        if final or (not crowded and self._settled(new_voiced, frame)):
             # Any voiced frame since the last transcript may be the end of the last word: once
             # silence settles, transcribing now leaves the end of the turn nothing to wait for.
+            # In a crowd the cores go to finals: a settled pause waits for its end of turn.
             return any(new_voiced)
         if sum(new_voiced) * frame < policy.min_speech_s * SAMPLE_RATE:
             return False  # nothing new was said (Whisper makes words up from silence: "I")
