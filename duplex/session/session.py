@@ -10,9 +10,8 @@ committed -> speaking -> draining -> done, or cancelled / failed). Turn cues com
 ``turns.TurnDetector``. Speech onset while a response is live is a barge-in: the output is
 flushed at once, the response aborted in every stage, the client told where its audio was cut,
 and a new turn begins. With ``barge_in.mode: listen`` the output pauses at the onset instead and
-``overlap.Listening`` decides, from the sound and (``barge_in.words``) the words the pipeline's
-ASR hears of it (``overlap_words.OverlapEars``): an interruption goes on as above, a backchannel
-or a noise resumes the paused reply where it stopped.
+``listen.BargeInListener`` judges the sound and its words: an interruption goes on as above
+(``interrupted_by``), a backchannel or a noise resumes the paused reply where it stopped.
 
 Preemptive generation: a pause (``SessionConfig.pause_ms``) closes the turn's input and the
 answer starts, held; voice again aborts it and a fresh request (``supersedes`` the old) gets the
@@ -47,8 +46,9 @@ from duplex.session.clock import InputFrames
 from duplex.session.config import SessionConfig
 from duplex.session.echo import EchoGate
 from duplex.session.endpoint import EndOfTurnJudge, TurnEndModel, TurnJudgement
-from duplex.session.listen import ListeningSession
+from duplex.session.listen import BargeInListener
 from duplex.session.observe import NO_TAP, CallTap, SessionCounters, starved
+from duplex.session.overlap import OverlapVerdict
 from duplex.session.playout import OutputFormat, Playout, PulledFrame
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus, VoiceRuntime, announce_session_end
 from duplex.session.reference import OutputReference
@@ -64,7 +64,7 @@ log = logging.getLogger("duplex.session")
 FEED_MS = 100  # caller audio goes to the runtime in chunks this long while the caller speaks
 
 
-class VoiceSession(ListeningSession):
+class VoiceSession:
     def __init__(self, session_id: str, runtime: VoiceRuntime, config: SessionConfig,
                  send: Callable[[ev.ServerEvent], None], output_format: OutputFormat | None = None,
                  clock: Callable[[], float] = time.monotonic, turn_end: TurnEndModel | None = None) -> None:
@@ -88,12 +88,12 @@ class VoiceSession(ListeningSession):
         self._turn_count = 0
         self._response: Response | None = None
         self._tasks = SessionTasks(session_id)
-        self._init_listening(runtime, session_id, self._tasks.spawn)
+        self.listener = BargeInListener(self, runtime, session_id, self._tasks.spawn)  # barge-in that listens
         self.counters = SessionCounters()
         self.last_ttfa_ms: float | None = None
         self.last_barge_in_ms: float | None = None
         self.items = ClientItems(session_id, self.tell.emit, self.classifier)
-        self.tools = SessionTools(self.tell.emit, self._new_item_id)  # function calling (tools.py)
+        self.tools = SessionTools(self.tell.emit, self.items.new_id)  # function calling (tools.py)
         self.tap: CallTap = NO_TAP  # the server's watch on this call (metrics, recording); see observe.py
         self.judge = EndOfTurnJudge(config.semantic, turn_end, self._tasks.spawn, self._on_judged)
         self.judge.reconfigure(config.semantic, config.semantic_turns)
@@ -106,6 +106,26 @@ class VoiceSession(ListeningSession):
     def response(self) -> Response | None:
         """The latest response (live or not)."""
         return self._response
+
+    # -- what the barge-in listener reads of the session (listen.ListenHost) ------------------
+    @property
+    def stream_ms(self) -> int:
+        return self._stream_ms
+
+    def time_at(self, stream_ms: int) -> float:
+        return self._input.clock.time_at(stream_ms)
+
+    def now(self) -> float:
+        return self._clock()
+
+    def interrupted_by(self, verdict: OverlapVerdict, response: Response) -> None:
+        """The overlap was an interruption: stop the reply (if it still lives); the caller's turn
+        goes on from the onset with all its audio, whatever the detector made of the pauses."""
+        if response.live:
+            self._interrupt("turn_detected", None)
+            self._count_barge_in(response, self.last_barge_in_ms or 0.0)
+        self.detector.carry_on(verdict.onset_ms, verdict.sound_end_ms, self._stream_ms)
+        self._open_turn(verdict.onset_ms, replay=True)
 
     # -- caller audio in ------------------------------------------------------------------------
     def push_input(self, samples: np.ndarray, arrival: float | None = None, position: int | None = None) -> None:
@@ -127,12 +147,12 @@ class VoiceSession(ListeningSession):
         echo = self.echo.is_echo(frame, frame_end)  # always, so the delay estimate stays current
         voiced = self.classifier.is_voiced(frame) and not echo
         self.audio.hear(frame, voiced)
-        if self.detector.speaking or self._listening.active:
+        if self.detector.speaking or self.listener.active:
             self._stream_caller_audio(frame, voiced)
         self.detector.min_speech_ms = self._speech_start_ms()
         cue = self.detector.push(frame_start_ms, voiced)
-        if self._listening.active:  # the judge decides what this sound is; no other cue counts
-            self._listen(voiced)
+        if self.listener.active:  # the judge decides what this sound is; no other cue counts
+            self.listener.listen(voiced)
         elif isinstance(cue, SpeechStarted):
             self._on_speech_started(cue.onset_ms)
         elif isinstance(cue, SpeechStopped):
@@ -156,7 +176,7 @@ class VoiceSession(ListeningSession):
         response = self._response
         if response is not None and response.live:
             if self.config.barge_in.mode == "listen":
-                self._pause(response, onset_ms)
+                self.listener.pause(response, onset_ms)
                 return
             self._interrupt("turn_detected", self._input.clock.time_at(onset_ms))
         self._open_turn(onset_ms)
@@ -164,7 +184,7 @@ class VoiceSession(ListeningSession):
     def _open_turn(self, onset_ms: int, replay: bool = False) -> None:
         """The caller's turn starts (its audio is open); ``replay``: feed it all heard so far."""
         self.tools.fence()  # a call still waiting for its result is not answered aloud any more
-        user_item = self._new_item_id()
+        user_item = self.items.new_id()
         self.tell.speech_started(user_item, onset_ms)
         self.judge.new_turn()
         self.counters.turns += 1
@@ -185,11 +205,11 @@ class VoiceSession(ListeningSession):
     def _stream_caller_audio(self, frame: np.ndarray, voiced: bool) -> None:
         response = self._response
         open_turn = response if response is not None and response.input_open else None
-        self.audio.add(frame, voiced, feed=open_turn is not None or self.ears.input_open)
+        self.audio.add(frame, voiced, feed=open_turn is not None or self.listener.hearing)
         if open_turn is not None and self.audio.pending_ms >= FEED_MS:
             open_turn.turn.feed(self.audio.take_pending())
-        elif self.ears.input_open and self.audio.pending_ms >= FEED_MS:
-            self.ears.feed(self.audio.take_pending())
+        elif self.listener.hearing and self.audio.pending_ms >= FEED_MS:
+            self.listener.feed(self.audio.take_pending())
 
     def _on_speech_stopped(self, end_ms: int) -> None:
         self.judge.forget()
@@ -280,7 +300,7 @@ class VoiceSession(ListeningSession):
         self._commit(response, speech_end=self._clock())
 
     def _start(self, request: TurnRequest, user_item_id: str | None) -> Response:
-        response = Response(self.runtime.start(request), self._new_item_id(), user_item_id)
+        response = Response(self.runtime.start(request), self.items.new_id(), user_item_id)
         response.text_only = not request.output_audio
         self._response = response
         self._tasks.spawn(response.consume(self._deliver))
@@ -375,10 +395,7 @@ class VoiceSession(ListeningSession):
             response.turn.abort()
         self.audio.close()
         self.detector.reset()
-        if self._listening.active:  # nothing to judge any more: the paused reply plays on
-            self._listening.drop()
-            self.ears.stop()
-            self.playout.resume()
+        self.listener.drop()  # nothing to judge any more: a paused reply plays on
         if self.state is CallState.USER_SPEAKING:
             self._move_call(CallState.IDLE)
 
@@ -457,7 +474,7 @@ class VoiceSession(ListeningSession):
                 response.turn.abort()
             response.move(ResponseState.CANCELLED)
         self.playout.flush()
-        self.ears.stop()
+        self.listener.stop()
         self._call.move(CallState.CLOSED)  # no event: the client is going away
         if self.config.end_of_session_request:
             announce_session_end(self.runtime, self.session_id)
@@ -481,6 +498,3 @@ class VoiceSession(ListeningSession):
     def _move_call(self, state: CallState) -> None:
         self._call.move(state)
         self.tell.state(state.value)
-
-    def _new_item_id(self) -> str:
-        return self.items.new_id()
