@@ -57,6 +57,7 @@ class CallMedia:
         self.stats = MediaStats()
         self.jitter = JitterBuffer(depth=jitter_depth)
         self.on_timeout: Callable[[], None] | None = None
+        self.on_failure: Callable[[Exception], None] | None = None  # the conversation broke: end the call
         self._symmetric = symmetric
         self._rtp_timeout_s = rtp_timeout_s
         self._agreed: Negotiated | None = None
@@ -192,8 +193,14 @@ class CallMedia:
         pacer = FramePacer(TICK_S)
         while True:
             due = await pacer.wait_next()
-            self._play_caller_audio()
-            self._send_agent_audio(due)
+            try:
+                self._play_caller_audio()
+                self._send_agent_audio(due)
+            except Exception as exc:  # the call can neither hear nor speak any more: it must end
+                log.exception("the call's conversation failed on its audio")
+                if self.on_failure is not None:
+                    self.on_failure(exc)
+                return
             if self._timed_out():
                 if self.on_timeout is not None:
                     self.on_timeout()

@@ -186,6 +186,7 @@ class CallHandling:
         call.offer_in_ack = offer is None
         call.state = CallState.ANSWERED
         media.on_timeout = lambda: self.sessions.timed_out(call.call_id)
+        media.on_failure = lambda exc: self.sessions.failed(call.call_id, exc)
         if agreed is not None:
             call.agreed = agreed
             media.apply(agreed)  # started (with the agent) once the ACK comes

@@ -73,6 +73,9 @@ class CallSessions:
         self._calls.server.guard.refusals.note("rtp_timeouts", "no RTP for rtp_timeout_s; hung up")
         self._calls.hang_up(call_id, "no RTP")
 
+    def failed(self, call_id: str, exc: Exception) -> None:
+        self._calls.hang_up(call_id, f"server error: {type(exc).__name__}")
+
     def release(self, call: SipCall) -> None:
         """The call ended: its duration timer and the trust in its addresses go."""
         if call.limit_timer is not None:  # it was confirmed, so its hosts were trusted
