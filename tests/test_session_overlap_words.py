@@ -14,7 +14,7 @@ from duplex.runtime.contract import OverlapProbe, TurnRequest
 from duplex.session import events as ev
 from duplex.session.config import BargeInConfig, SessionConfig
 from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
-from duplex.session.overlap_words import is_backchannel, spoken_words, takes_floor
+from duplex.session.overlap_words import Said, is_backchannel, spoken_words, what_words_say
 from duplex.session.protocol import handle_client_message
 from tests.session_fakes import FRAME_MS, Call, words
 from tests.test_session_call import SILENCE_MS, answering, play_until_idle
@@ -44,8 +44,9 @@ def test_words_that_are_not_a_backchannel(text):
 def test_words_take_the_floor_when_there_are_min_words_of_them_or_one_says_so(text, floor):
     """Whisper-base heard Piper's "uh-huh" as "I" and its "mm-hmm" as "Emama.": one word that is no
     command says too little; two words, or "stop", "sorry", "no", "what", take the floor."""
-    assert takes_floor(spoken_words(text), CONFIG.min_words) is floor
-    assert takes_floor(spoken_words("Emama."), 1)  # min_words 1: every other word interrupts
+    assert (what_words_say(spoken_words(text), CONFIG.min_words) is Said.FLOOR) is floor
+    assert what_words_say(spoken_words("Emama."), CONFIG.min_words) is Said.TOO_FEW
+    assert what_words_say(spoken_words("Emama."), 1) is Said.FLOOR  # min_words 1: every other word interrupts
 
 
 def test_sound_notes_silence_and_spelled_hums_are_no_words():

@@ -19,7 +19,7 @@ shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed 
 ``Listening`` hears the words too:
 
 - words that take the floor (``barge_in.min_words`` words that are not all a backchannel, or a
-  word like "stop" or "sorry": ``overlap_words.takes_floor``) interrupt as soon as they are
+  word like "stop" or "sorry": ``overlap_words.what_words_say``) interrupt as soon as they are
   heard (a partial transcript may come before the sound has ended);
 - the words are final once the sound has been over ``words_final_ms`` (the ASR's input closes
   then): a backchannel resumes the reply as soon as they come, before ``resume_ms`` of silence
@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from duplex.session.config import BargeInConfig
-from duplex.session.overlap_words import credible, is_backchannel, spoken_words, takes_floor
+from duplex.session.overlap_words import Said, credible, spoken_words, what_words_say
 
 R = TypeVar("R")
 
@@ -198,14 +198,14 @@ class Listening(Generic[R]):
         """Words of the overlap (a partial or the final transcript); the verdict if they decide it."""
         if self.judge is None or not self._words_coming:
             return None
-        words = self._credible(spoken_words(text), self.judge.voiced_ms)
-        if takes_floor(words, self.judge.config.min_words):  # "sorry", "stop": an interruption, whatever comes
+        said = self._says(text, self.judge.voiced_ms)
+        if said is Said.FLOOR:  # "sorry", "stop": an interruption, whatever comes
             return self._settle(replace(self.judge.now(OverlapKind.INTERRUPTION), words=text))
         if final:
             self._final = text
             if self._held is not None and not self._more_to_come(text):
                 return self._settle(self._by_words(self._held, text))
-            if is_backchannel(words) and self._sound_over():
+            if said is Said.BACKCHANNEL and self._sound_over():
                 return self._settle(replace(self.judge.now(OverlapKind.BACKCHANNEL), words=text))
         return None
 
@@ -214,9 +214,8 @@ class Listening(Generic[R]):
         of a Piper "Wait,") may begin a sentence: the reply stays paused until the sound has been
         over ``rejoin_ms`` (more words continue it), and only then resumes."""
         assert self.judge is not None
-        words = self._credible(spoken_words(text), self.judge.voiced_ms)
-        uncertain = bool(words) and not is_backchannel(words) and not takes_floor(words, self.judge.config.min_words)
-        return uncertain and self.judge.sound_ended_ms < self.judge.config.rejoin_ms
+        too_few = self._says(text, self.judge.voiced_ms) is Said.TOO_FEW
+        return too_few and self.judge.sound_ended_ms < self.judge.config.rejoin_ms
 
     def words_lost(self) -> tuple[OverlapVerdict, R] | None:
         """The transcription ended without final words: the sound decides alone (now, if it had)."""
@@ -234,18 +233,20 @@ class Listening(Generic[R]):
     def drop(self) -> None:
         self.judge = self.reply = self._held = None
 
-    def _credible(self, words: list[str], voiced_ms: int) -> list[str]:
-        """``words``, or none when the sound could not have said them (a noise Whisper put words to)."""
+    def _says(self, text: str, voiced_ms: int) -> Said:
+        """What ``text`` says, when a sound with ``voiced_ms`` of voice could have said its words
+        (else nothing: a noise Whisper put words to)."""
         assert self.judge is not None
-        return words if credible(words, voiced_ms, self.judge.config.noise_ms) else []
+        config = self.judge.config
+        words = spoken_words(text)
+        return what_words_say(words if credible(words, voiced_ms, config.noise_ms) else [], config.min_words)
 
     def _by_words(self, verdict: OverlapVerdict, text: str) -> OverlapVerdict:
         """The sound said resume; the final words say what it was (none: the sound's verdict)."""
-        words = self._credible(spoken_words(text), verdict.voiced_ms)
-        if is_backchannel(words):
+        said = self._says(text, verdict.voiced_ms)
+        if said is Said.BACKCHANNEL:
             return replace(verdict, kind=OverlapKind.BACKCHANNEL, words=text)
-        assert self.judge is not None
-        if takes_floor(words, self.judge.config.min_words):
+        if said is Said.FLOOR:
             return replace(verdict, kind=OverlapKind.INTERRUPTION, words=text)
         return verdict  # no words, or too few to take the floor: the sound's verdict
 

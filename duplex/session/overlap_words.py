@@ -5,7 +5,7 @@ notes like "(coughs)" dropped, "uh-huh" and "uh huh" alike, lone letters other t
 Whisper spells a hum out as "M. H. N.") and is a backchannel when every word belongs to one of
 ``BACKCHANNELS`` ("yeah okay", "oh I see"); interjections alone ("oh", "ah", "um", "huh", and
 "ow", Whisper's hearing of a Piper "uh-huh") take no floor either. Other words take the floor
-(``takes_floor``) when there are ``barge_in.min_words`` of them, or one of ``FLOOR_WORDS``
+(``what_words_say``) when there are ``barge_in.min_words`` of them, or one of ``FLOOR_WORDS``
 ("stop", "wait", "sorry"); a lone other word ("I", "Emama.": Whisper's hearing of a Piper
 "uh-huh" and "mm-hmm") says too little, and the sound decides. No words at all (noise, a
 cough) says nothing.
@@ -23,6 +23,7 @@ first or the session closes.
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -60,12 +61,25 @@ def credible(words: list[str], voiced_ms: int, noise_ms: int) -> bool:
     return voiced_ms >= noise_ms and len(words) * MS_PER_WORD <= voiced_ms
 
 
-def takes_floor(words: list[str], min_words: int) -> bool:
-    """Whether ``words`` (normalised) interrupt: not a backchannel, and ``min_words`` of them or a
-    word of ``FLOOR_WORDS`` (fewer say too little: the sound decides)."""
-    if not words or is_backchannel(words):
-        return False
-    return len(words) >= min_words or any(word in FLOOR_WORDS for word in words)
+class Said(enum.Enum):
+    """What an overlap's words say."""
+
+    NOTHING = "nothing"  # no words
+    BACKCHANNEL = "backchannel"  # "uh-huh", "yeah okay": the reply goes on
+    FLOOR = "floor"  # they take the floor: an interruption
+    TOO_FEW = "too_few"  # a lone other word ("I", "way"): it may begin a sentence; the sound decides
+
+
+def what_words_say(words: list[str], min_words: int) -> Said:
+    """``words`` (normalised): a backchannel, or words that take the floor (``min_words`` of them,
+    or one of ``FLOOR_WORDS``), or too few to say."""
+    if not words:
+        return Said.NOTHING
+    if is_backchannel(words):
+        return Said.BACKCHANNEL
+    if len(words) >= min_words or any(word in FLOOR_WORDS for word in words):
+        return Said.FLOOR
+    return Said.TOO_FEW
 
 
 def is_backchannel(words: list[str]) -> bool:
