@@ -25,8 +25,8 @@ from openai import AsyncOpenAI
 
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess
+from duplex_tools.offer import offer_sdp  # a real offer from a peer that then goes away
 from duplex_tools.ws_client import WsCaller
-from tests.test_edge_signalling import offer_sdp  # a real offer from a peer that then goes away
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 DEADLINE_S = 5.0  # the default admission deadline (EdgeConfig.connect_timeout_s)

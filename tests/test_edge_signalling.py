@@ -12,11 +12,10 @@ import time
 import httpx
 import numpy as np
 import pytest
-from aiortc import RTCPeerConnection
 
-from duplex.edge.rtc_options import rtc_configuration
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess, espeak
+from duplex_tools.offer import offer_sdp
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 MAX_SESSIONS = 2
@@ -28,21 +27,6 @@ def server():
                         "--max-sessions", str(MAX_SESSIONS)]) as proc:
         yield proc
     assert proc.stop() == 0
-
-
-async def offer_sdp(audio: bool = True, channel: bool = True, video: bool = False) -> str:
-    pc = RTCPeerConnection(rtc_configuration([]))
-    try:
-        if audio:
-            pc.addTransceiver("audio")
-        if video:
-            pc.addTransceiver("video")
-        if channel:
-            pc.createDataChannel("oai-events")
-        await pc.setLocalDescription(await pc.createOffer())
-        return pc.localDescription.sdp
-    finally:
-        await pc.close()
 
 
 async def post_offer(url: str, body: str | bytes, content_type: str = "application/sdp") -> httpx.Response:

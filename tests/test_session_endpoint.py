@@ -14,7 +14,7 @@ import pytest
 
 from duplex.session import events as ev
 from duplex.session.config import EAGERNESS, SemanticTurnConfig, SessionConfig
-from duplex.session.endpoint import last_word_hangs
+from duplex.session.endpoint import words_hang
 from duplex.session.protocol import apply_settings, describe_session, handle_client_message
 from duplex.session.turns import TurnDetector
 from tests.session_fakes import FRAME_MS, Call, words
@@ -139,9 +139,14 @@ async def test_without_a_model_the_words_alone_judge_at_the_check_pause():
 
 
 def test_the_last_word_rule():
-    assert last_word_hangs("I would like a large, um") and last_word_hangs("can you book a table for")
-    assert last_word_hangs("my name is") and not last_word_hangs("my name is Anna.")
-    assert not last_word_hangs("") and not last_word_hangs("I'll take that")
+    assert words_hang("I would like a large, um") and words_hang("can you book a table for")
+    assert words_hang("my name is") and not words_hang("my name is Anna.")
+    assert not words_hang("") and not words_hang("I'll take that")
+
+
+def test_words_that_trail_off_hang():
+    assert words_hang("I would like to order a large...") and words_hang("so I was thinking\u2026")
+    assert words_hang('he said "wait..."') and not words_hang("I'd like a large.")
 
 
 def test_semantic_settings_from_session_update_and_what_the_session_says_of_them():

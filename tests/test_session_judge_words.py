@@ -20,10 +20,11 @@ async def _steps() -> None:
         await asyncio.sleep(0)
 
 
-async def _judged_by_sound_before_the_words(spoken: str, interim: str, probability: float):
+async def _judged_by_sound_before_the_words(spoken: str, interim: str, probability: float,
+                                            config: SessionConfig = SEMANTIC):
     """A pause whose speculation had only ``interim`` words when the model answered ``probability``."""
     model = ScriptedModel()
-    call = Call(SEMANTIC, turn_end=model)
+    call = Call(config, turn_end=model)
     await speak_then_pause(call, model, spoken)
     speculation = call.runtime.last
     speculation.transcript(interim, final=False)
@@ -107,3 +108,23 @@ async def test_a_question_the_asr_heard_asked_is_complete_whatever_the_model_say
     speculation.transcript("I would like a tea.")
     judgement = await judged(call)
     assert not judgement.words_ask and not judgement.complete  # a statement: the model decides
+
+
+async def test_where_the_asr_writes_sentences_one_left_open_needs_a_surer_model():
+    """Whisper left Piper's "I would like to order a large", cut mid-sentence, open (Smart Turn
+    0.79 after the pause); it closes a finished sentence. ``unclosed_at`` is the pipeline's
+    setting; without it the punctuation is not read."""
+    sentences = SessionConfig.model_validate({"turn_detection": "semantic_vad", "semantic": {"unclosed_at": 0.9}})
+    cases = [(sentences, "I would like to order a large", 0.79, False),
+             (sentences, "I would like to order a large tea.", 0.79, True),
+             (sentences, "I would like to order a large tea", 0.95, True),
+             (SEMANTIC, "I would like to order a large", 0.79, True)]
+    for config, final, probability, complete in cases:
+        call, speculation = await _judged_by_sound_before_the_words("i would like to order a large", "I would like",
+                                                                    probability, config)
+        speculation.transcript(final)
+        judgement = await judged(call)
+        assert judgement.complete is complete, (final, probability)
+        assert judgement.words_open is (config is sentences and not final.endswith("."))
+        assert call.of_type(ev.TurnJudged)[0].words_open is judgement.words_open
+        assert len(call.of_type(ev.SpeechStopped)) == int(complete)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from duplex_tools.harness import ServerProcess
-from tests.test_edge_signalling import offer_sdp  # a real offer from a peer that then goes away
+from duplex_tools.offer import offer_sdp  # a real offer from a peer that then goes away
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 

@@ -28,9 +28,10 @@ QUIET = np.zeros(160 * 5, np.int16)  # 100 ms of the caller's silence
 class _Slots:
     """Agents for at most SLOTS calls at once, as the server's session limit would allow."""
 
-    def __init__(self) -> None:
+    def __init__(self, audio_fails_after: int | None = None) -> None:
         self.live = 0
         self.opened = 0
+        self.audio_fails_after = audio_fails_after  # frames of agent audio before it raises
 
     async def __call__(self, info):
         if self.live >= SLOTS:
@@ -38,6 +39,14 @@ class _Slots:
         slots = self
 
         class _Agent(ToneAgent):
+            frames = 0
+
+            def agent_audio(self, due: float) -> np.ndarray:
+                self.frames += 1
+                if slots.audio_fails_after is not None and self.frames > slots.audio_fails_after:
+                    raise RuntimeError("the voice stage's output could not be read")
+                return super().agent_audio(due)
+
             async def close(self) -> None:
                 slots.live -= 1
 
@@ -52,8 +61,8 @@ class _Slots:
 async def door():
     servers = []
 
-    async def start(**limits):
-        slots = _Slots()
+    async def start(slots: _Slots | None = None, **limits):
+        slots = slots or _Slots()
         twilio = TwilioEndpoint(slots, TwilioLimits(limit_loopback=True, **limits))
         app = FastAPI()
         app.include_router(twilio.router())
@@ -153,3 +162,18 @@ async def test_starts_are_rate_limited(door):
     assert [code for code, _ in codes] == [1000, 1000, 1013]
     assert "retry after 10 s" in codes[2][1]
     assert slots.opened == 2 and twilio.stats()["rate_limited"] == 1
+
+
+async def test_a_call_whose_agent_audio_fails_is_ended_with_an_error(door):
+    """The agent-audio pacer raising would leave the caller hearing nothing while the stream went
+    on; the call ends (1011, the cause named) and its session is freed."""
+    twilio, slots, url = await door(_Slots(audio_fails_after=5))
+    async with TwilioPeer(url) as peer:
+        await peer.begin()
+        talking = asyncio.ensure_future(peer.stream(np.zeros(8000 * 5, np.int16)))
+        code, reason = await _closed(peer, 5)
+        talking.cancel()
+        await asyncio.gather(talking, return_exceptions=True)
+    assert code == 1011 and "agent's audio failed" in reason
+    await wait_until(lambda: slots.live == 0 and twilio.stats()["streams"] == 0, 5, "session freed")
+    assert twilio.stats()["failed"] == 1

@@ -46,7 +46,7 @@ class Announcer:
         probability = None if judgement.probability is None else round(judgement.probability, 3)
         self.emit(ev.TurnJudged(item_id=user_item, audio_end_ms=judgement.pause_end_ms, probability=probability,
                                 words_hang=judgement.words_hang, words_ask=judgement.words_ask,
-                                complete=judgement.complete))
+                                words_open=judgement.words_open, complete=judgement.complete))
 
     def user_transcript(self, user_item: str, transcript: Transcript) -> None:
         if transcript.final:

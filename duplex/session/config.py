@@ -115,6 +115,11 @@ class SemanticTurnConfig(_Strict):
     speculate_ms: int | None = Field(None, ge=20, le=2000)
     threshold: float | None = Field(None, ge=0, le=1)  # default: the eagerness'
     max_silence_ms: int | None = Field(None, ge=200, le=10_000)  # default: the eagerness'
+    # A pipeline's setting (its ASR writes sentences: Whisper closes a finished one with . ! or ?):
+    # a turn whose transcript ends with no close needs this P(complete) of the model (at least the
+    # eagerness'). Whisper left Piper's "I would like to order a large", cut mid-sentence, open
+    # while Smart Turn gave it 0.79 after the pause; None: the transcript's punctuation is not read.
+    unclosed_at: float | None = Field(None, ge=0, le=1)
 
     @property
     def complete_at(self) -> float:

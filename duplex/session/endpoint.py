@@ -2,11 +2,13 @@
 turn? At a pause of ``semantic.check_ms`` the judge asks the server's ``TurnEndModel`` (Smart
 Turn: the sound of the turn's last seconds) and looks at the turn's last words (from the ASR's
 transcripts); the turn is complete when the model's probability reaches the eagerness'
-threshold and the words do not hang ("I'd like a large, um"). A question the ASR heard asked
-(its transcript ends in "?") is complete too, whatever the model says: Smart Turn hears Piper's
-"Sorry, can I ask something else instead" as unfinished (0.02), Whisper writes it with a "?",
-and puts one on none of the truncated lines measured. A complete turn ends at once; one that is
-not waits, up to the longest pause (``TurnDetector.silence_ms``).
+threshold and the words do not hang ("I'd like a large, um", or trailing off in "..."); where
+the pipeline's ASR writes sentences (``unclosed_at``), a transcript left open needs a surer
+model. A question the ASR heard asked (its transcript ends in "?") is complete too, whatever
+the model says: Smart Turn hears Piper's "Sorry, can I ask something else instead" as unfinished
+(0.02), Whisper writes it with a "?", and puts one on none of the truncated lines measured. A
+complete turn ends at once; one that is not waits, up to the longest pause
+(``TurnDetector.silence_ms``).
 
 The model runs off the event loop (it is awaited in a session task) and its verdict arrives a
 few frames later; it counts only if the pause it was asked about still goes on then.
@@ -44,9 +46,19 @@ HANGING_WORDS = frozenset(("um", "uh", "er", "erm", "ah", "the", "a", "an", "and
 _WORD = re.compile(r"[a-z']+")
 
 
-def last_word_hangs(text: str) -> bool:
+def words_hang(text: str) -> bool:
+    """The transcript stops where a sentence goes on: on a hanging word, or trailing off (the
+    ASR writes "..." where the voice stops mid-sentence: Whisper on Piper's "I would like to
+    order a large" cut from the whole sentence, "." where it was read alone)."""
     words = _WORD.findall(text.lower())
-    return bool(words) and words[-1] in HANGING_WORDS
+    trails_off = text.rstrip(" \"')").endswith(("...", "\u2026"))
+    return bool(words) and (words[-1] in HANGING_WORDS or trails_off)
+
+
+def closes(text: str) -> bool:
+    """The transcript ends a sentence (the ASR's . ! ? or an ellipsis' trailing off, which
+    ``words_hang`` reads)."""
+    return text.rstrip(" \"')").endswith((".", "!", "?", "\u2026"))
 
 
 def asks(text: str) -> bool:
@@ -61,6 +73,7 @@ class TurnJudgement:
     words_hang: bool  # the turn's last words say it is not over
     complete: bool
     words_ask: bool = False  # the turn's words end a question: complete, whatever the model says
+    words_open: bool = False  # the transcript ends with no sentence's close: the model must be surer
 
 
 class EndOfTurnJudge:
@@ -125,8 +138,11 @@ class EndOfTurnJudge:
         self._decide(pause_end_ms, probability)
 
     def _decide(self, pause_end_ms: int, probability: float | None) -> None:
-        hangs, question = last_word_hangs(self._words), asks(self._words)
-        sounds_complete = probability is None or probability >= self.config.complete_at
+        hangs, question = words_hang(self._words), asks(self._words)
+        unclosed_at = self.config.unclosed_at
+        words_open = unclosed_at is not None and bool(self._words) and not closes(self._words)
+        complete_at = max(self.config.complete_at, unclosed_at or 0.0) if words_open else self.config.complete_at
+        sounds_complete = probability is None or probability >= complete_at
         self._asked = self._waiting = None
         self._settle(TurnJudgement(pause_end_ms, probability, hangs, (sounds_complete or question) and not hangs,
-                                   question))
+                                   question, words_open))

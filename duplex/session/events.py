@@ -310,6 +310,7 @@ class TurnJudged(ServerEvent, kw_only=True, tag="duplex.turn.judged"):
     probability: float | None  # the end-of-turn model's P(complete); None: no model on this server
     words_hang: bool  # the turn's last words say it goes on ("um", "and", "the", ...)
     words_ask: bool = False  # the turn's words end a question ("?"): complete, whatever the model says
+    words_open: bool = False  # the transcript ends with no sentence's close: the model had to be surer
     complete: bool
 
 

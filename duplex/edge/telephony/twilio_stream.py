@@ -70,6 +70,8 @@ class TwilioMediaStream:
         self._decoder: PhoneDecoder | None = None
         self._encoder: Resampler | None = None
         self._pacer_task: asyncio.Task | None = None
+        self._run_task: asyncio.Task | None = None
+        self._failure: BaseException | None = None  # the agent's audio failed: the call must end
         self._speaking = False
         self._marks_sent = 0
         self._sends: set[asyncio.Task] = set()
@@ -78,6 +80,7 @@ class TwilioMediaStream:
         """Handle the provider's messages until ``stop``, the connection ends or a deadline
         passes (StreamError)."""
         self._opened = self._last_media = asyncio.get_running_loop().time()
+        self._run_task = asyncio.current_task()
         try:
             async with asyncio.timeout(self._deadline()) as deadline:
                 async for text in messages:
@@ -86,6 +89,22 @@ class TwilioMediaStream:
                     deadline.reschedule(self._deadline())
         except TimeoutError:
             raise self._expired() from None
+        except asyncio.CancelledError:
+            if self._failure is None or self._run_task is None:
+                raise
+            self._run_task.uncancel()  # our own cancel (``_pacer_ended``), not the server's
+            raise StreamError(f"server error: the agent's audio failed ({self._failure!r})"[:200], 1011,
+                              "failed") from None
+
+    def _pacer_ended(self, task: asyncio.Task) -> None:
+        """The agent's audio stopped on an error: the caller would hear nothing from now on while
+        the stream went on, so the call ends (1011) instead."""
+        if task.cancelled() or task.exception() is None:
+            return
+        self._failure = task.exception()
+        log.error("twilio stream %s: the agent's audio failed", self.stream_sid or "-", exc_info=self._failure)
+        if self._run_task is not None:
+            self._run_task.cancel()
 
     async def _receive(self, text: str) -> bool:
         """One message; True at ``stop``."""
@@ -152,6 +171,7 @@ class TwilioMediaStream:
         loop = asyncio.get_running_loop()
         self._started = self._last_media = loop.time()
         self._pacer_task = loop.create_task(self._send_agent_audio())
+        self._pacer_task.add_done_callback(self._pacer_ended)
         self.counters["streams_started"] += 1
 
     def _caller_media(self, message: tm.Media) -> None:

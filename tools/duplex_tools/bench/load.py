@@ -20,6 +20,7 @@ import psutil
 
 from duplex.edge.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
+from duplex_tools.bench.knock import knock_until
 from duplex_tools.bench.report import percentile, table, write_json
 from duplex_tools.bench.server_parts import mean_parts_ms, read_parts
 from duplex_tools.scenario.cli import is_loopback_url
@@ -33,6 +34,7 @@ DEFAULT_CALLER = SCENARIOS_DIR / "load" / "caller.yaml"
 KNEE_TTFB_GROWTH = 1.5  # the knee: p95 TTFB this many times the single-session p95 ...
 STOP_BUDGET_MS = 200.0  # ... or barge-in stop p95 over the design budget, or >1% frames late/lost
 FRAME_BUDGET = 0.05
+KNOCK_AFTER_S = 1.0  # knocks start this long after the last caller's start (its call is up by then)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +51,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="callers run in this many processes (each its own event loop and core): one "
                              "Python process starves past ~16 WebRTC callers and the numbers are then the client's")
     parser.add_argument("--late-ms", type=float, default=60.0, help="a frame this far behind its schedule is late")
+    parser.add_argument("--knock-rate", type=float, default=0.0,
+                        help="offers per second at the full server while the level's callers are live (one "
+                             "level, which --serve makes the server's --max-sessions): the level runs without, "
+                             "then with the knocks, side by side; refusals timed, admitted knocks hung up at once")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", default="bench-load.png", help="PNG of the curves ('' to skip)")
     # with --serve, dotted overrides after the options change the served pipeline
@@ -65,6 +71,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         return 2
     if not levels or levels[0] < 1 or args.client_procs < 1:
         print("error: --sessions needs positive counts, --client-procs at least 1", file=sys.stderr)
+        return 2
+    if args.knock_rate < 0 or (args.knock_rate and len(levels) != 1):
+        print("error: --knock-rate needs a positive rate and one level (--sessions N: the server's capacity)",
+              file=sys.stderr)
         return 2
     if overrides and not args.serve:
         print(f"error: overrides ({' '.join(overrides)}) change a pipeline served with --serve, not --url",
@@ -83,19 +93,23 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 async def bench(url: str, levels: list[int], caller: Scenario, args: argparse.Namespace) -> int:
     use_loopback_candidates(is_loopback_url(url))
     rows = []
-    for sessions in levels:
-        print(f"level {sessions} session(s): {sessions * args.rounds} call(s) ...", flush=True)
+    runs = [(sessions, 0.0) for sessions in levels] + [(levels[0], args.knock_rate)] * bool(args.knock_rate)
+    for sessions, knock_rate in runs:
+        knocking = f" with {knock_rate:g} knocks/s" if knock_rate else ""
+        print(f"level {sessions} session(s){knocking}: {sessions * args.rounds} call(s) ...", flush=True)
         row = await run_level(url, caller, sessions, args.rounds, args.stagger_s, args.late_ms,
-                              client_procs=args.client_procs, scenario_path=args.scenario)
+                              client_procs=args.client_procs, scenario_path=args.scenario, knock_rate=knock_rate)
         rows.append(row)
         print(f"  TTFB p50 {_ms(row['ttfb_ms']['p50'])} p95 {_ms(row['ttfb_ms']['p95'])}; "
               f"stop p95 {_ms(row['stop_ms']['p95'])}; failed {row['calls_failed']}/{row['calls']}", flush=True)
-    knee = find_knee(rows)
+        if knock_rate:
+            print(f"  {knock_summary(row['knocks'])}", flush=True)
+    knee = None if args.knock_rate else find_knee(rows)
     print(render(rows, knee))
     report = {"url": url, "scenario": caller.name, "rounds": args.rounds, "levels": rows, "knee_sessions": knee,
               "knee_rule": f"last level with p95 TTFB <= {KNEE_TTFB_GROWTH}x the lowest level's, barge-in stop p95 "
                            f"<= {STOP_BUDGET_MS:.0f} ms and <= {FRAME_BUDGET:.0%} of frames late or lost"}
-    if args.plot:
+    if args.plot and not args.knock_rate:  # knocks: one level, two runs, nothing to draw a curve of
         from duplex_tools.bench.load_plot import (
             plot_load,  # matplotlib: only when drawing
         )
@@ -107,7 +121,7 @@ async def bench(url: str, levels: list[int], caller: Scenario, args: argparse.Na
 
 
 async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stagger_s: float, late_ms: float,
-                    client_procs: int = 1, scenario_path: str | None = None) -> dict:
+                    client_procs: int = 1, scenario_path: str | None = None, knock_rate: float = 0.0) -> dict:
     server = await server_processes(url)
     client = psutil.Process()
     procs = min(client_procs, sessions)
@@ -119,18 +133,24 @@ async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stag
     parts_before = await read_parts(url)
     before = _cpu_seconds(server), _cpu_seconds([client]), time.monotonic(), _machine_busy_seconds()
     worker_cpu = 0.0
-    if pool is None:
-        calls = await _callers(url, caller, list(range(sessions)), rounds, stagger_s, late_ms)
-    else:
-        shares = [(url, scenario_path, list(range(i, sessions, procs)), rounds, stagger_s, late_ms)
-                  for i in range(procs)]
-        try:
-            results = await asyncio.to_thread(pool.starmap, _caller_share, shares, 1)
-        finally:
-            pool.terminate()
-            pool.join()
-        calls = [call for share, _ in results for call in share]
-        worker_cpu = sum(cpu for _, cpu in results)
+    knocks_done = asyncio.Event()
+    knocker = asyncio.create_task(_knock_later(url, knock_rate, stagger_s + KNOCK_AFTER_S, knocks_done))
+    try:
+        if pool is None:
+            calls = await _callers(url, caller, list(range(sessions)), rounds, stagger_s, late_ms)
+        else:
+            shares = [(url, scenario_path, list(range(i, sessions, procs)), rounds, stagger_s, late_ms)
+                      for i in range(procs)]
+            try:
+                results = await asyncio.to_thread(pool.starmap, _caller_share, shares, 1)
+            finally:
+                pool.terminate()
+                pool.join()
+            calls = [call for share, _ in results for call in share]
+            worker_cpu = sum(cpu for _, cpu in results)
+    finally:
+        knocks_done.set()
+        knocks = await knocker
     wall = time.monotonic() - before[2]
     server_cpu = _cpu_seconds(server) - before[0] if server else None
     client_cpu = _cpu_seconds([client]) - before[1] + worker_cpu
@@ -157,7 +177,32 @@ async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stag
         "machine_busy_cores": round(machine_busy / wall, 3),  # everything on the host, other work included
         "left_behind": left,
         "server_parts_ms": parts,  # mean per part of time to first audio, as the server measured it
+        "knock_rate": knock_rate, "knocks": knocks,
     }
+
+
+async def _knock_later(url: str, rate: float, after_s: float, done: asyncio.Event) -> dict | None:
+    """Knocks from ``after_s`` (the level's callers are in) until ``done``; None without knocks."""
+    if not rate:
+        return None
+    try:
+        await asyncio.wait_for(done.wait(), after_s)
+        return None  # the callers were done before the knocks were due
+    except TimeoutError:
+        knocks = await knock_until(url, rate, done)
+    return {"rate_per_s": rate, "sent": knocks.sent, "answers": dict(knocks.answers),
+            "refused_ms": spread(knocks.refused_ms), "admitted": knocks.admitted,
+            "without_retry_after": knocks.without_retry_after, "errors": sorted(set(knocks.errors))}
+
+
+def knock_summary(knocks: dict | None) -> str:
+    if knocks is None:
+        return "knocks: none sent (the callers were done first)"
+    refused = knocks["refused_ms"]
+    return (f"knocks: {knocks['sent']} sent at {knocks['rate_per_s']:g}/s, answers {knocks['answers']}; 503 in "
+            f"p50 {_ms(refused['p50'])} / p95 {_ms(refused['p95'])} / max {_ms(refused['max'])}; "
+            f"admitted (hung up at once) {knocks['admitted']}; 503 without Retry-After "
+            f"{knocks['without_retry_after']}" + (f"; errors {knocks['errors']}" if knocks["errors"] else ""))
 
 
 async def _callers(url: str, caller: Scenario, indices: list[int], rounds: int, stagger_s: float,
@@ -220,7 +265,8 @@ def render(rows: list[dict], knee: int | None) -> str:
     headers = ["sessions", "calls ok", "dropped", "TTFB p50", "TTFB p95", "TTFB p99", "stop p50", "stop p95",
                "stop p99", "false int.", "frames lost", "frames late", "mic stalls", "server CPU", "client CPU",
                "machine busy"]
-    body = [[r["sessions"], f"{r['calls_ok']}/{r['calls']}", r["calls_dropped"],
+    body = [[f"{r['sessions']} + knocks" if r.get("knock_rate") else r["sessions"],
+             f"{r['calls_ok']}/{r['calls']}", r["calls_dropped"],
              *(_ms(r["ttfb_ms"][q], "") for q in ("p50", "p95", "p99")),
              *(_ms(r["stop_ms"][q], "") for q in ("p50", "p95", "p99")), r["false_interruptions"],
              r["frames_lost"], r["frames_late"], r["mic_stalls"],
@@ -230,6 +276,8 @@ def render(rows: list[dict], knee: int | None) -> str:
              "machine busy counts every process on it, ours and others'"]
     notes.append(f"knee: {knee} session(s)" if knee else "knee: below the lowest level")
     for r in rows:
+        if r.get("knock_rate"):
+            notes.append(f"{r['sessions']} sessions + {knock_summary(r['knocks'])}")
         if r["errors"]:
             notes.append(f"{r['sessions']} sessions: " + "; ".join(r["errors"]))
         if r["left_behind"]:

@@ -10,12 +10,9 @@ import numpy as np
 from duplex.audio import resample
 from duplex_tools.client import FRAME, ONSET_RMS, RATE
 from duplex_tools.harness import espeak, read_wav
-from duplex_tools.scenario.model import Scenario, Step
+from duplex_tools.scenario.model import PIPER, Scenario, Step
 
 NOISE_RMS = 0.3
-
-
-PIPER = "piper"  # a step's voice: the local pipeline's Piper voice (needs setup.sh --local), not espeak-ng
 
 
 @lru_cache(maxsize=128)
@@ -35,8 +32,61 @@ def _piper(text: str) -> np.ndarray:
     return resample(synth.synthesize(text), synth.sample_rate, RATE).astype(np.float32)
 
 
+@lru_cache(maxsize=32)
+def _piper_words(text: str) -> tuple[np.ndarray, int, tuple[int, ...]]:
+    """Piper's reading of ``text`` (as ``_piper``), its sample rate, and the sample where each
+    word but the last ends (from the voice's phoneme alignments: a word ends at a space or a
+    sentence's end)."""
+    from piper import PiperVoice, SynthesisConfig
+
+    from duplex.models.local.assets import piper_voice_paths
+
+    voice = PiperVoice.load(*piper_voice_paths(), include_alignments=True)
+    chunks = list(voice.synthesize(text, SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0, volume=0.8),
+                                   include_alignments=True))
+    ends: list[int] = []
+    at = 0
+    for chunk in chunks:
+        for aligned in chunk.phoneme_alignments or []:
+            if aligned.phoneme == " ":
+                ends.append(at)
+            at += aligned.num_samples
+        ends.append(at)
+    if len(ends) != len(text.split()):
+        phonemes = " | ".join("".join(a.phoneme for a in c.phoneme_alignments or []) for c in chunks)
+        raise ValueError(f"the voice read {len(ends)} words in {text!r} ({phonemes}), not {len(text.split())}: "
+                         "it joined or split words there; rephrase the sentence")
+    audio = np.concatenate([chunk.audio_float_array for chunk in chunks])
+    return audio, voice.config.sample_rate, tuple(ends[:-1])
+
+
+def _sentence_part(parts: tuple[str, ...], index: int) -> np.ndarray:
+    """Part ``index`` of the sentence ``parts`` read as one (cut where its words end)."""
+    audio, rate, ends = _piper_words(" ".join(parts))
+    words = np.cumsum([len(part.split()) for part in parts])
+    cuts = [0, *(ends[count - 1] for count in words[:-1]), len(audio)]
+    return resample(audio[cuts[index]:cuts[index + 1]], rate, RATE).astype(np.float32)
+
+
+def _sentence_of(scenario: Scenario, step: Step) -> tuple[tuple[str, ...], int]:
+    """The say steps read as one sentence with ``step`` (``goes_on`` joins a step to the next
+    say step), and ``step``'s place among them."""
+    says = [s for s in scenario.steps if s.say is not None]
+    at = next(i for i, s in enumerate(says) if s is step)
+    first = at
+    while first > 0 and says[first - 1].goes_on:
+        first -= 1
+    last = at
+    while says[last].goes_on:
+        last += 1
+    return tuple(str(s.say) for s in says[first:last + 1]), at - first
+
+
 def step_audio(scenario: Scenario, step: Step, seed: int = 0) -> np.ndarray:
-    if step.say is not None:
+    parts, index = _sentence_of(scenario, step) if step.say is not None else ((), 0)
+    if len(parts) > 1:
+        samples = _sentence_part(parts, index) * step.level
+    elif step.say is not None:
         samples = _speech(step.say, step.voice, step.words_per_minute) * step.level
     elif step.wav is not None:
         data, rate = read_wav(scenario.wav_path(step))

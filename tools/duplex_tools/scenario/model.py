@@ -22,6 +22,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+PIPER = "piper"  # a step's voice: the local pipeline's Piper voice (needs setup.sh --local), not espeak-ng
+
 
 class ScenarioError(ValueError):
     """A scenario file that cannot run; the message names the file and the key."""
@@ -78,6 +80,10 @@ class Step(_Strict):
     noise_kind: Literal["white", "cough"] = "white"
     level: float = Field(1.0, gt=0, le=4)  # gain on speech and WAVs; RMS of noise is 0.3 * level
     voice: str = "en-us"  # espeak-ng voice, or "piper" (the local pipeline's Piper voice)
+    # The sentence goes on in the next ``say`` step (after a pause between): the voice reads both
+    # as one sentence, cut at the join, so this part ends as a sentence not finished sounds (a
+    # fragment read alone ends falling, as if it were complete). Piper only (it says where words end).
+    goes_on: bool = False
     words_per_minute: int = Field(165, ge=80, le=450)
     label: str | None = None
     at: Trigger | None = None
@@ -90,6 +96,8 @@ class Step(_Strict):
             raise ValueError(f"a step needs exactly one of say, wav, noise, pause (got {actions or 'none'})")
         if self.pause is not None and (self.expect.reply or self.expect.interrupts):
             raise ValueError("a pause cannot be expected to get a reply or to interrupt")
+        if self.goes_on and (self.say is None or self.voice != PIPER):
+            raise ValueError(f"goes_on needs a say step in the {PIPER} voice")
         return self
 
     @property
@@ -130,6 +138,15 @@ class Scenario(_Strict):
     steps: list[Step] = Field(min_length=1)
     expect: ScenarioExpect = Field(default_factory=ScenarioExpect)
     source: Path | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _sentences_go_on(self) -> Scenario:
+        says = [step for step in self.steps if step.say is not None]
+        for at, step in enumerate(says):
+            after = says[at + 1] if at + 1 < len(says) else None
+            if step.goes_on and (after is None or after.voice != PIPER):
+                raise ValueError(f"goes_on: {step.say!r} needs a later say step in the {PIPER} voice to go on in")
+        return self
 
     def wav_path(self, step: Step) -> Path:
         assert step.wav is not None
