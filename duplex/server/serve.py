@@ -17,7 +17,6 @@ from duplex.config import ConfigError, load_pipeline
 from duplex.edge import door_args
 from duplex.edge.config import EdgeConfig
 from duplex.edge.telephony import phone_edges
-from duplex.runtime.gil import shorten_gil_switch
 from duplex.server.watch import WatchConfig
 from duplex.session.config import SessionConfig
 
@@ -70,10 +69,6 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         return 2
     from duplex.server.compose import serve  # the models and the runtime: only when serving
 
-    # The event loop shares the GIL with aiortc's Opus threads. 8 toy-voice callers with 20
-    # offers a second at the full server (`duplex bench load --knock-rate 20`, twice each):
-    # refusals p95 58 / 50 ms at 5 ms, 47 / 36 ms at 0.5 ms.
-    shorten_gil_switch()
     return asyncio.run(serve(pipeline, edge, sessions_config, args.log_level, phone, watch))
 
 
