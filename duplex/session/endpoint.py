@@ -139,9 +139,9 @@ class EndOfTurnJudge:
 
     def _decide(self, pause_end_ms: int, probability: float | None) -> None:
         hangs, question = words_hang(self._words), asks(self._words)
-        unclosed_at = self.config.unclosed_at
-        words_open = unclosed_at is not None and bool(self._words) and not closes(self._words)
-        complete_at = max(self.config.complete_at, unclosed_at or 0.0) if words_open else self.config.complete_at
+        config = self.config
+        words_open = config.unclosed_at is not None and bool(self._words) and not closes(self._words)
+        complete_at = max(config.complete_at, config.unclosed_at or 0.0) if words_open else config.complete_at
         sounds_complete = probability is None or probability >= complete_at
         self._asked = self._waiting = None
         self._settle(TurnJudgement(pause_end_ms, probability, hangs, (sounds_complete or question) and not hangs,
