@@ -20,9 +20,11 @@ CHROMIUM = "/usr/bin/chromium"
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback"]) as proc:
+@pytest.fixture(scope="module", params=[0, 1], ids=["media-in-server", "media-worker"])
+def server(request):
+    """The page talks to the server's own event loop, then to a media worker process."""
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback",
+                        "--media-workers", str(request.param)]) as proc:
         yield proc
     assert proc.stop() == 0
 

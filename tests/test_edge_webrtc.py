@@ -22,10 +22,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 BARGE_IN_BUDGET_MS = 200
 
 
-@pytest.fixture(scope="module")
-def server():
+@pytest.fixture(scope="module", params=[0, 2], ids=["media-in-server", "media-workers"])
+def server(request):
+    """Every test runs twice: the calls' media on the server's event loop, and in two media
+    worker processes (``--media-workers``)."""
     with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback",
-                        "--max-sessions", "4"]) as proc:
+                        "--max-sessions", "4", "--media-workers", str(request.param)]) as proc:
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
     assert "duplex: stopped" in "".join(proc.output)

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from duplex.server.memory import MemoryKeeper
+from duplex.edge.memory import MemoryKeeper
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess, espeak
 from duplex_tools.probes import ask, hear

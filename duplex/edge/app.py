@@ -152,7 +152,7 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
             return refusal
         call = gateway.calls[public_id]
         session = call.session
-        return JSONResponse({"id": call_id, "object": "realtime.call", "status": call.pc.connectionState,
+        return JSONResponse({"id": call_id, "object": "realtime.call", "status": call.state,
                              "session": session.stats() | {"id": session.session_id} if session else None})
 
     def _own_call(path_id: str, request: Request) -> tuple[str, Response | None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from fractions import Fraction
 
 import av
@@ -24,30 +24,40 @@ WEBRTC_OUTPUT = OutputFormat(sample_rate=48000, channels=2, frame_ms=20)  # send
 
 
 class SessionAudioTrack(MediaStreamTrack):
-    """The agent's voice: one 20 ms frame per deadline on the monotonic clock, silence when
-    there is nothing to say, pts advancing by exactly one frame each time (never reset)."""
+    """The agent's voice: one 20 ms frame each time ``next_pcm`` gives one, pts advancing by
+    exactly one frame each time (never reset). ``next_pcm`` sets the pace (``paced_pull``)."""
 
     kind = "audio"
 
-    def __init__(self, pull: Callable[[float], np.ndarray], fmt: OutputFormat = WEBRTC_OUTPUT) -> None:
+    def __init__(self, next_pcm: Callable[[], Awaitable[np.ndarray]], fmt: OutputFormat = WEBRTC_OUTPUT) -> None:
         super().__init__()
-        self._pull = pull
+        self._next_pcm = next_pcm
         self._format = fmt
-        self._pacer = FramePacer(fmt.frame_ms / 1000)
         self._pts = 0
         self._time_base = Fraction(1, fmt.sample_rate)
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        due = await self._pacer.wait_next()
-        pcm = self._pull(due)
+        pcm = await self._next_pcm()
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout=self._format.layout)
         frame.sample_rate = self._format.sample_rate
         frame.pts = self._pts
         frame.time_base = self._time_base
         self._pts += self._format.frame_samples
         return frame
+
+
+def paced_pull(pull: Callable[[float], np.ndarray], fmt: OutputFormat = WEBRTC_OUTPUT
+               ) -> Callable[[], Awaitable[np.ndarray]]:
+    """The session's output, one frame per deadline on the monotonic clock (silence when there
+    is nothing to say): ``pull`` is asked at each frame's due time."""
+    pacer = FramePacer(fmt.frame_ms / 1000)
+
+    async def next_pcm() -> np.ndarray:
+        return pull(await pacer.wait_next())
+
+    return next_pcm
 
 
 class InputPump:

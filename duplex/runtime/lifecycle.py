@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import signal
 from contextlib import suppress
 
@@ -33,3 +34,13 @@ class StopSignals:
         for sig in STOP_SIGNALS:
             with suppress(Exception):
                 self._loop.remove_signal_handler(sig)
+
+
+def die_with_parent() -> None:
+    """Linux: this child gets SIGTERM when its parent dies, so no stage or media worker
+    outlives the server."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

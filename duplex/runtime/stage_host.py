@@ -19,7 +19,6 @@ fails its requests and restarts it).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -40,6 +39,7 @@ from duplex.runtime import messages as m
 from duplex.runtime.codec import pack
 from duplex.runtime.contract import AgentAudio, BuildContext, Builder, ErrorCode, Request, StageError
 from duplex.runtime.ended import EndedRequests
+from duplex.runtime.lifecycle import die_with_parent
 from duplex.runtime.progress import ProgressBuffer
 from duplex.runtime.relay import Outlet, RelayReader, RelayWriter
 from duplex.runtime.scheduler import CLIENT, Emit, Scheduler, WorkItem
@@ -400,18 +400,9 @@ class StageHost:
         self.ctx.term()
 
 
-def _die_with_parent() -> None:
-    """Linux: get SIGTERM if the coordinator dies, so no stage outlives it."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def host_main(spec: HostSpec, builders: Mapping[str, Builder]) -> None:
     """Entry point of a spawned stage process."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the coordinator decides
     logging.basicConfig(level=os.environ.get("DUPLEX_LOG", "WARNING"),
                         format=f"%(asctime)s {spec.process}[%(process)d] %(levelname)s %(message)s")

@@ -19,6 +19,8 @@ from duplex.edge.auth import Access
 from duplex.edge.config import EdgeConfig
 from duplex.edge.health import add_health_routes
 from duplex.edge.http_protocol import accept_backlog, bound_server_logs, connection_cap, guarded_protocol
+from duplex.edge.media_pool import MediaWorkers
+from duplex.edge.memory import MemoryKeeper
 from duplex.edge.rtc_options import use_loopback_candidates, use_vectorised_audio_level
 from duplex.edge.telephony import phone_edges
 from duplex.edge.webrtc import WebRTCGateway
@@ -27,7 +29,6 @@ from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.lifecycle import StopSignals
 from duplex.runtime.load import LoadMonitor
 from duplex.server.admission import LoadAdmission
-from duplex.server.memory import MemoryKeeper
 from duplex.server.runtime_adapter import CoordinatorRuntime
 from duplex.server.turn_end import load_turn_end_model
 from duplex.server.watch import ServerWatch, WatchConfig
@@ -63,12 +64,14 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
                         auth_counters=lambda: access.counters)
     if watch.observes:
         sessions.observer = watch
-    gateway = WebRTCGateway(sessions, edge)
+    media = MediaWorkers(edge, edge.media_workers) if edge.media_workers else None  # started below
+    gateway = WebRTCGateway(sessions, edge, media.make_peer if media else None)
     phones = phone_edges.PhoneEdges(phone or phone_edges.PhoneConfig(), sessions)
     use_loopback_candidates(edge.ice_loopback)
     use_vectorised_audio_level()
     memory = MemoryKeeper(ended=lambda: sessions.counters["closed"], live=sessions.live)  # ended calls' garbage
-    app = create_app(runtime, sessions, gateway, other_edges={**phones.stats_providers(), "memory": memory.stats_view},
+    others = {**phones.stats_providers(), "memory": memory.stats_view, **({"media": media.stats} if media else {})}
+    app = create_app(runtime, sessions, gateway, other_edges=others,
                      access=access, limits=edge.realtime)
     add_health_routes(app, watch)  # /metrics behind the API key (AccessMiddleware); health probes open
     bound_server_logs(edge.http.error_log_per_minute)  # EMFILE on accept, invalid requests: rate-bounded
@@ -82,6 +85,9 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     stopper = asyncio.create_task(_exit_on_signal(stop, server, watch))
     try:
         await phones.start(app)
+        if media is not None:
+            print(f"duplex: starting {edge.media_workers} media workers ...", flush=True)
+            await media.start()
         memory.start()
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
@@ -101,6 +107,8 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
         stop.close()
         await phones.close()
         await gateway.close_all()
+        if media is not None:
+            await media.stop()
         await load.stop()
         await memory.stop()
         if turn_end is not None:

@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="STUN/TURN server for ICE (repeatable); none by default")
     parser.add_argument("--ice-loopback", action="store_true",
                         help="offer 127.0.0.1 ICE candidates only (tests, same-host clients)")
+    parser.add_argument("--media-workers", type=int, default=0, metavar="N",
+                        help="run the WebRTC calls' media (ICE, DTLS, SRTP, Opus) in N worker processes instead "
+                             "of the server's event loop (0: in the server process)")
     parser.add_argument("--aiortc-jitter-buffer", action="store_true",
                         help="keep aiortc's stock audio receive buffer (+60-80 ms; for comparison)")
     parser.add_argument("--instructions", default="", help="default instructions of every session")
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         pipeline = load_pipeline(config, overrides)
         edge = EdgeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           ice_servers=args.ice_server, ice_loopback=args.ice_loopback,
+                          media_workers=args.media_workers,
                           low_latency_receive=not args.aiortc_jitter_buffer, **access_settings(args),
                           **door_args.settings(args))
         sessions_config = session_defaults(pipeline.session, args.instructions)

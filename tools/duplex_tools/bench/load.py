@@ -20,6 +20,7 @@ import psutil
 
 from duplex.edge.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
+from duplex_tools.bench import overrides_refused
 from duplex_tools.bench.knock import knock_until
 from duplex_tools.bench.report import percentile, table, write_json
 from duplex_tools.bench.server_parts import mean_parts_ms, read_parts
@@ -76,9 +77,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         print("error: --knock-rate needs a positive rate and one level (--sessions N: the server's capacity)",
               file=sys.stderr)
         return 2
-    if overrides and not args.serve:
-        print(f"error: overrides ({' '.join(overrides)}) change a pipeline served with --serve, not --url",
-              file=sys.stderr)
+    if overrides_refused(overrides, args.serve):
         return 2
     if args.serve:
         from duplex_tools.harness import ServerProcess
@@ -289,7 +288,8 @@ def render(rows: list[dict], knee: int | None) -> str:
 
 
 async def server_processes(url: str) -> list[psutil.Process]:
-    """The server's edge process and its stage processes, if they run on this host."""
+    """The server's edge process and all its children (stage processes, media workers), if
+    they run on this host."""
     if not is_loopback_url(url):
         return []
     stats = ServerStats(url)
@@ -307,6 +307,8 @@ async def server_processes(url: str) -> list[psutil.Process]:
             parent = process.parent()
             if parent is not None:
                 found[parent.pid] = parent
+                # its other children: media workers (--media-workers), multiprocessing's helpers
+                found.update((child.pid, child) for child in parent.children())
         except (psutil.Error, KeyError, ValueError):
             continue
     return list(found.values())

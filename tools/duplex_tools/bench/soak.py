@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from duplex.edge.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
+from duplex_tools.bench import overrides_refused
 from duplex_tools.bench.load import leftover, spread
 from duplex_tools.bench.report import table, write_json
 from duplex_tools.bench.soak_sample import Sample, ServerSampler
@@ -53,7 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--rss-growth-pct", type=float, default=Bounds.rss_pct, help="... or this %% of it")
     parser.add_argument("--json", dest="json_path", help="write results (and every sample) here")
     parser.add_argument("--plot", default="bench-soak.png", help="PNG of the resources over barge-ins ('' to skip)")
-    parser.set_defaults(func=run, takes_overrides=False)
+    # with --serve, arguments after the options go to `duplex serve` (overrides, --media-workers N)
+    parser.set_defaults(func=run, takes_overrides=True)
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -65,11 +67,13 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.sessions < 1 or args.barge_ins < 1 or args.sample_s <= 0:
         print("error: --sessions, --barge-ins and --sample-s must be positive", file=sys.stderr)
         return 2
+    if overrides_refused(overrides, args.serve):
+        return 2
     if args.serve:
         from duplex_tools.harness import ServerProcess
 
         with ServerProcess(["--config", args.serve, "--port", "0", "--ice-loopback",
-                            "--max-sessions", str(args.sessions)], ready_timeout=600) as server:
+                            "--max-sessions", str(args.sessions), *overrides], ready_timeout=600) as server:
             assert server.url is not None
             return asyncio.run(soak(server.url, caller, args))
     return asyncio.run(soak(args.url, caller, args))

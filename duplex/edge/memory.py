@@ -1,4 +1,4 @@
-"""The edge process's memory between calls.
+"""The memory of a process that holds calls' media (the server, a media worker) between calls.
 
 A call leaves its objects (aiortc's peer connection, transports, codecs, their threads) in
 reference cycles, and CPython runs a full collection only when the long-lived heap grew by a
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-log = logging.getLogger("duplex.server")
+log = logging.getLogger("duplex.edge")
 
 
 def _malloc_trim() -> Callable[[], object] | None:

@@ -1,0 +1,112 @@
+"""WebRTC media in worker processes (`duplex serve --media-workers N`), end to end over loopback
+with a real aiortc client against `--config toy-voice`: events both ways through a worker, a
+worker killed mid-reply (its call ends and frees its slot, the worker is started again, the next
+call is answered), and no worker left behind when the server stops. The call tests of
+test_edge_webrtc.py run through workers too (its server fixture runs both ways)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+
+from duplex_tools.client import RealtimeClient
+from duplex_tools.harness import ServerProcess, espeak
+from duplex_tools.probes import ask
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback", "--max-sessions", "2",
+                        "--media-workers", "1"]) as proc:
+        yield proc
+        pids = asyncio.run(media(proc.url))["pids"]
+        assert pids, "no media worker was up at the end"
+        assert proc.stop() == 0, "".join(proc.output[-30:])
+    for pid in pids:  # gone with the server (a zombie would be the server's to reap; it exited)
+        assert not _alive(pid), f"media worker {pid} outlived the server"
+
+
+@pytest.fixture(scope="module")
+def question() -> np.ndarray:
+    return espeak("Could you tell me what time it is")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def stats(url: str) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        reply = await http.get("/duplex/stats", params={"detail": "1"})  # loopback: pids shown
+        assert reply.status_code == 200
+        return reply.json()
+
+
+async def media(url: str) -> dict:
+    return (await stats(url))["edges"]["media"]
+
+
+async def until(url: str, accept, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await stats(url)
+        if accept(current):
+            return current
+        assert time.monotonic() < deadline, f"stats never reached the expected state: {current['edges']}"
+        await asyncio.sleep(0.05)
+
+
+async def test_events_travel_both_ways_through_the_worker(server):
+    client = RealtimeClient(server.url)
+    await client.connect()
+    try:
+        assert (await media(server.url))["calls"] == [1]
+        client.send({"type": "session.update", "session": {"instructions": "Speak like a pirate."}})
+        updated = await client.wait_event("session.updated")
+        assert updated["session"]["instructions"] == "Speak like a pirate."
+        client.send({"type": "no.such.event"})
+        error = await client.wait_event("error")
+        assert "no.such.event" in error["error"]["message"]
+    finally:
+        assert await client.hang_up() == 204
+    await until(server.url, lambda s: s["edges"]["media"]["calls"] == [0] and s["edges"]["webrtc"]["live_calls"] == 0)
+
+
+async def test_a_worker_killed_mid_reply_ends_its_call_and_the_next_call_is_answered(server, question):
+    before = await stats(server.url)
+    failed_before = before["edges"]["webrtc"]["failed"]
+    (victim,) = before["edges"]["media"]["pids"]
+    client = RealtimeClient(server.url)
+    await client.connect()
+    try:
+        created = await ask(client, question)
+        await client.wait_event("output_audio_buffer.started", response_id=created["response"]["id"])
+        os.kill(victim, signal.SIGKILL)
+        after = await until(server.url, lambda s: s["edges"]["webrtc"]["live_calls"] == 0
+                            and s["edges"]["media"]["up"] == 1 and s["edges"]["media"]["restarts"] == 1)
+        assert after["edges"]["webrtc"]["failed"] == failed_before + 1
+        assert after["sessions"]["live"] == 0  # the slot is free, not held until the caller gives up
+        assert after["edges"]["media"]["pids"] != [victim]
+    finally:
+        await client.close()  # its media is gone: the server has nothing left to hang up
+    second = RealtimeClient(server.url)
+    await second.connect()
+    try:
+        created = await ask(second, question)
+        await second.wait_event("output_audio_buffer.started", response_id=created["response"]["id"])
+        done = await second.wait_event("response.done", timeout=15)
+        assert done["response"]["status"] == "completed"
+    finally:
+        assert await second.hang_up() == 204
