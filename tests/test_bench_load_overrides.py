@@ -12,3 +12,9 @@ def test_overrides_need_a_served_pipeline(capsys):
     assert code == 2
     assert "--asr.min_window_s 7" in capsys.readouterr().err
 
+
+
+def test_versus_needs_a_served_pipeline(capsys):
+    code = main(["bench", "load", "--url", "http://127.0.0.1:9", "--sessions", "1", "--versus", "--media-workers 2"])
+    assert code == 2
+    assert "--versus" in capsys.readouterr().err

@@ -7,8 +7,11 @@ test_edge_webrtc.py run through workers too (its server fixture runs both ways).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -110,3 +113,19 @@ async def test_a_worker_killed_mid_reply_ends_its_call_and_the_next_call_is_answ
         assert done["response"]["status"] == "completed"
     finally:
         assert await second.hang_up() == 204
+
+
+def test_the_load_bench_measures_a_server_with_workers_beside_one_without(tmp_path):
+    """`duplex bench load --versus ARGS`: the same level against two servers, one row each, the
+    second server's CPU counted with its media worker."""
+    run = subprocess.run([sys.executable, "-m", "duplex.cli", "bench", "load", "--serve", "toy-voice",
+                          "--sessions", "1", "--versus", "--media-workers 1", "--json", str(tmp_path / "load.json"),
+                          "--plot", str(tmp_path / "load.png")], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    rows = json.loads((tmp_path / "load.json").read_text())["levels"]
+    assert [(r["sessions"], r["variant"]) for r in rows] == [(1, ""), (1, "--media-workers 1")]
+    assert all(r["calls_ok"] == r["calls"] == 1 for r in rows)
+    plain, workers = rows
+    assert workers["server_processes"] == plain["server_processes"] + 1  # the worker is counted
+    assert "1 (--media-workers 1)" in run.stdout
+    assert (tmp_path / "load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

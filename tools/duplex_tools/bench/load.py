@@ -13,6 +13,7 @@ import asyncio
 import multiprocessing
 import os
 import random
+import shlex
 import sys
 import time
 
@@ -56,6 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="offers per second at the full server while the level's callers are live (one "
                              "level, which --serve makes the server's --max-sessions): the level runs without, "
                              "then with the knocks, side by side; refusals timed, admitted knocks hung up at once")
+    parser.add_argument("--versus", metavar="ARGS", default="",
+                        help="with --serve: run the levels again against a server started with these arguments "
+                             "added (e.g. '--media-workers 2'), and show both side by side")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", default="bench-load.png", help="PNG of the curves ('' to skip)")
     # with --serve, dotted overrides after the options change the served pipeline
@@ -77,19 +81,28 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         print("error: --knock-rate needs a positive rate and one level (--sessions N: the server's capacity)",
               file=sys.stderr)
         return 2
-    if overrides_refused(overrides, args.serve):
+    if overrides_refused(overrides, args.serve) or (args.versus and not args.serve):
+        if args.versus and not args.serve:
+            print("error: --versus compares two servers this bench starts: it needs --serve", file=sys.stderr)
         return 2
-    if args.serve:
-        from duplex_tools.harness import ServerProcess
+    if not args.serve:
+        return report(asyncio.run(measure_levels(args.url, levels, caller, args)), args.url, caller, args)
+    from duplex_tools.harness import ServerProcess
 
-        with ServerProcess(["--config", args.serve, "--port", "0", "--ice-loopback",
-                            "--max-sessions", str(levels[-1]), *overrides], ready_timeout=600) as server:
+    rows: list[dict] = []
+    for variant in ["", args.versus] if args.versus else [""]:
+        print(f"server: duplex serve --config {args.serve} {' '.join(overrides)} {variant}".rstrip(), flush=True)
+        with ServerProcess(["--config", args.serve, "--port", "0", "--ice-loopback", "--max-sessions",
+                            str(levels[-1]), *overrides, *shlex.split(variant)], ready_timeout=600) as server:
             assert server.url is not None
-            return asyncio.run(bench(server.url, levels, caller, args))
-    return asyncio.run(bench(args.url, levels, caller, args))
+            measured = asyncio.run(measure_levels(server.url, levels, caller, args))
+            rows += [row | {"variant": variant} for row in measured]
+    if args.versus:  # each level's two rows together
+        rows.sort(key=lambda r: (r["sessions"], bool(r["variant"])))
+    return report(rows, f"duplex serve --config {args.serve}", caller, args)
 
 
-async def bench(url: str, levels: list[int], caller: Scenario, args: argparse.Namespace) -> int:
+async def measure_levels(url: str, levels: list[int], caller: Scenario, args: argparse.Namespace) -> list[dict]:
     use_loopback_candidates(is_loopback_url(url))
     rows = []
     runs = [(sessions, 0.0) for sessions in levels] + [(levels[0], args.knock_rate)] * bool(args.knock_rate)
@@ -103,9 +116,16 @@ async def bench(url: str, levels: list[int], caller: Scenario, args: argparse.Na
               f"stop p95 {_ms(row['stop_ms']['p95'])}; failed {row['calls_failed']}/{row['calls']}", flush=True)
         if knock_rate:
             print(f"  {knock_summary(row['knocks'])}", flush=True)
-    knee = None if args.knock_rate else find_knee(rows)
+    return rows
+
+
+def report(rows: list[dict], target: str, caller: Scenario, args: argparse.Namespace) -> int:
+    """The table (and the knee, the PNG, the JSON) of every level measured."""
+    plain = [r for r in rows if not r.get("variant")]
+    knee = None if args.knock_rate else find_knee(plain)
     print(render(rows, knee))
-    report = {"url": url, "scenario": caller.name, "rounds": args.rounds, "levels": rows, "knee_sessions": knee,
+    report = {"url": target, "scenario": caller.name, "rounds": args.rounds, "versus": args.versus, "levels": rows,
+              "knee_sessions": knee,
               "knee_rule": f"last level with p95 TTFB <= {KNEE_TTFB_GROWTH}x the lowest level's, barge-in stop p95 "
                            f"<= {STOP_BUDGET_MS:.0f} ms and <= {FRAME_BUDGET:.0%} of frames late or lost"}
     if args.plot and not args.knock_rate:  # knocks: one level, two runs, nothing to draw a curve of
@@ -113,7 +133,7 @@ async def bench(url: str, levels: list[int], caller: Scenario, args: argparse.Na
             plot_load,  # matplotlib: only when drawing
         )
 
-        plot_load(rows, knee, args.plot, title=f"duplex bench load ({caller.name}) against {url}")
+        plot_load(rows, knee, args.plot, title=f"duplex bench load ({caller.name}) against {target}")
         print(f"wrote {args.plot}")
     write_json(args.json_path, report)
     return 0 if all(r["calls_ok"] for r in rows) else 1
@@ -172,6 +192,7 @@ async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stag
         "mic_stalls": sum(c["frames"].mic_stalls for c in calls),
         "wall_s": round(wall, 2),
         "server_cpu_cores": None if server_cpu is None else round(server_cpu / wall, 3),
+        "server_processes": len(server),  # the edge and its children (stages, media workers, helpers)
         "client_cpu_cores": round(client_cpu / wall, 3), "machine_cores": os.cpu_count(),
         "machine_busy_cores": round(machine_busy / wall, 3),  # everything on the host, other work included
         "left_behind": left,
@@ -260,11 +281,16 @@ def find_knee(rows: list[dict]) -> int | None:
     return knee
 
 
+def _level_name(row: dict) -> str:
+    name = f"{row['sessions']} + knocks" if row.get("knock_rate") else str(row["sessions"])
+    return f"{name} ({row['variant']})" if row.get("variant") else name
+
+
 def render(rows: list[dict], knee: int | None) -> str:
     headers = ["sessions", "calls ok", "dropped", "TTFB p50", "TTFB p95", "TTFB p99", "stop p50", "stop p95",
                "stop p99", "false int.", "frames lost", "frames late", "mic stalls", "server CPU", "client CPU",
                "machine busy"]
-    body = [[f"{r['sessions']} + knocks" if r.get("knock_rate") else r["sessions"],
+    body = [[_level_name(r),
              f"{r['calls_ok']}/{r['calls']}", r["calls_dropped"],
              *(_ms(r["ttfb_ms"][q], "") for q in ("p50", "p95", "p99")),
              *(_ms(r["stop_ms"][q], "") for q in ("p50", "p95", "p99")), r["false_interruptions"],
@@ -275,15 +301,16 @@ def render(rows: list[dict], knee: int | None) -> str:
              "machine busy counts every process on it, ours and others'"]
     notes.append(f"knee: {knee} session(s)" if knee else "knee: below the lowest level")
     for r in rows:
+        name = _level_name(r)
         if r.get("knock_rate"):
-            notes.append(f"{r['sessions']} sessions + {knock_summary(r['knocks'])}")
+            notes.append(f"{name}: {knock_summary(r['knocks'])}")
         if r["errors"]:
-            notes.append(f"{r['sessions']} sessions: " + "; ".join(r["errors"]))
+            notes.append(f"{name}: " + "; ".join(r["errors"]))
         if r["left_behind"]:
-            notes.append(f"{r['sessions']} sessions: left behind after all calls ended: {r['left_behind']}")
+            notes.append(f"{name}: left behind after all calls ended: {r['left_behind']}")
         if r.get("server_parts_ms"):
             parts = ", ".join(f"{part} {ms:.0f}" for part, ms in r["server_parts_ms"].items())
-            notes.append(f"{r['sessions']} sessions: the server's mean time to first audio by part (ms): {parts}")
+            notes.append(f"{name}: the server's mean time to first audio by part (ms): {parts}")
     return table(headers, body) + "\n" + "\n".join(notes)
 
 
