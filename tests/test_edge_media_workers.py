@@ -21,15 +21,17 @@ import pytest
 
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess, espeak
+from duplex_tools.offer import offer_sdp
 from duplex_tools.probes import ask
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
+STALL_S = 2.0  # the server's watchdog ends a worker silent this long (checked twice, every 0.5 s)
 
 
 @pytest.fixture(scope="module")
 def server():
     with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback", "--max-sessions", "2",
-                        "--media-workers", "1"]) as proc:
+                        "--media-workers", "1", "--media-stall-s", str(STALL_S)]) as proc:
         yield proc
         pids = asyncio.run(media(proc.url))["pids"]
         assert pids, "no media worker was up at the end"
@@ -88,20 +90,32 @@ async def test_events_travel_both_ways_through_the_worker(server):
 
 
 async def test_a_worker_killed_mid_reply_ends_its_call_and_the_next_call_is_answered(server, question):
+    await worker_gone_mid_reply(server, question, signal.SIGKILL, within_s=10.0)
+
+
+async def test_a_stopped_worker_is_ended_by_the_watchdog_and_the_next_call_is_answered(server, question):
+    """SIGSTOP: the process lives but answers nothing; the server must not wait for it forever."""
+    await worker_gone_mid_reply(server, question, signal.SIGSTOP, within_s=STALL_S + 1.0 + 10.0)
+
+
+async def worker_gone_mid_reply(server, question: np.ndarray, how: signal.Signals, within_s: float) -> None:
     before = await stats(server.url)
     failed_before = before["edges"]["webrtc"]["failed"]
+    restarts_before = before["edges"]["media"]["restarts"]
     (victim,) = before["edges"]["media"]["pids"]
     client = RealtimeClient(server.url)
     await client.connect()
     try:
         created = await ask(client, question)
         await client.wait_event("output_audio_buffer.started", response_id=created["response"]["id"])
-        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, how)
         after = await until(server.url, lambda s: s["edges"]["webrtc"]["live_calls"] == 0
-                            and s["edges"]["media"]["up"] == 1 and s["edges"]["media"]["restarts"] == 1)
+                            and s["edges"]["media"]["up"] == 1
+                            and s["edges"]["media"]["restarts"] == restarts_before + 1, timeout=within_s)
         assert after["edges"]["webrtc"]["failed"] == failed_before + 1
         assert after["sessions"]["live"] == 0  # the slot is free, not held until the caller gives up
         assert after["edges"]["media"]["pids"] != [victim]
+        assert not _alive(victim)
     finally:
         await client.close()  # its media is gone: the server has nothing left to hang up
     second = RealtimeClient(server.url)
@@ -113,6 +127,33 @@ async def test_a_worker_killed_mid_reply_ends_its_call_and_the_next_call_is_answ
         assert done["response"]["status"] == "completed"
     finally:
         assert await second.hang_up() == 204
+
+
+async def test_a_worker_running_late_refuses_new_calls_while_its_calls_go_on(server, question):
+    """Admission by load counts a media worker's event loop: stopped for 1 s (past the 500 ms
+    default, short of the watchdog), it reports that lateness when it runs again, and a new offer
+    gets 503 + Retry-After naming the worker's loop while the live call keeps its reply."""
+    client = RealtimeClient(server.url)
+    await client.connect()
+    try:
+        (pid,) = (await media(server.url))["pids"]
+        os.kill(pid, signal.SIGSTOP)
+        await asyncio.sleep(1.0)
+        os.kill(pid, signal.SIGCONT)
+        await until(server.url, lambda s: max(s["edges"]["media"]["loop_lag_ms"], default=0) > 500)
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+            refused = await http.post("/v1/realtime/calls", content=await offer_sdp(),
+                                      headers={"Content-Type": "application/sdp"})
+        assert refused.status_code == 503, refused.text
+        assert "media worker's event loop" in refused.json()["error"]["message"]
+        assert int(refused.headers["Retry-After"]) >= 1
+        created = await ask(client, question)  # the live call goes on
+        await client.wait_event("output_audio_buffer.started", response_id=created["response"]["id"])
+        done = await client.wait_event("response.done", timeout=15, after=client.time_of(created))
+        assert done["response"]["id"] == created["response"]["id"] and done["response"]["status"] == "completed"
+        assert (await media(server.url))["pids"] == [pid]  # late, not dead: the watchdog left it
+    finally:
+        assert await client.hang_up() == 204
 
 
 def test_the_load_bench_measures_a_server_with_workers_beside_one_without(tmp_path):

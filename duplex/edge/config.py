@@ -54,6 +54,7 @@ class EdgeConfig(BaseModel):
     ice_loopback: bool = False  # gather 127.0.0.1 candidates only (tests, single-host use)
     # WebRTC media (ICE, DTLS, SRTP, Opus, RTP) in this many worker processes; 0: on the server's loop
     media_workers: int = Field(0, ge=0, le=32)
+    media_stall_s: float = Field(3.0, ge=1.0, le=60.0)  # a media worker silent this long is ended and restarted
     low_latency_receive: bool = True  # release each received audio frame on arrival (see rtc_options)
     # the admission deadline: a WebRTC call whose ICE + DTLS have not connected by then is dropped
     # and its session slot freed (an answered offer holds a slot until then)

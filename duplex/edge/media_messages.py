@@ -48,6 +48,13 @@ class Stop(ToWorker):
     pass
 
 
+class Ping(ToWorker):
+    """Are you there? (``Pong``); the server's watchdog ends a worker that stops answering."""
+
+    sent_at: float
+
+
+
 class FromWorker(msgspec.Struct, tag=True, array_like=True):
     pass
 
@@ -112,8 +119,16 @@ class Flushed(FromWorker):
     call: str
 
 
-TO_WORKER = Open | Play | Send | Flush | Close | Stop
-FROM_WORKER = Ready | Answered | Refused | Heard | ChannelOpened | ClientMessage | StateChanged | Failed | Flushed
+class Pong(FromWorker):
+    """The answer, with the worst lateness of the worker's own loop since its last ``Pong``."""
+
+    sent_at: float
+    loop_lag_s: float
+
+
+TO_WORKER = Open | Play | Send | Flush | Close | Stop | Ping
+FROM_WORKER = (Ready | Answered | Refused | Heard | ChannelOpened | ClientMessage | StateChanged | Failed | Flushed
+               | Pong)
 
 
 class WorkerSpec(msgspec.Struct, frozen=True):

@@ -7,11 +7,15 @@ started again; while none is up, new calls get 503."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import tempfile
+import time
+from collections import deque
 from collections.abc import Callable
 
 import msgspec
@@ -29,6 +33,7 @@ from duplex.session.pacing import FramePacer
 log = logging.getLogger("duplex.edge.media")
 READY_TIMEOUT_S = 60.0  # a worker imports aiortc and PyAV before it says it is ready
 ANSWER_TIMEOUT_S = 10.0
+PING_FRAMES = 25  # a ping every half second (of 20 ms frame times)
 RESTART_PAUSE_S = 1.0  # between a worker's death and its next start (no spin on a crash at start)
 
 
@@ -144,6 +149,9 @@ class WorkerHandle:
         self.pipe: FramedPipe | None = None
         self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._server: asyncio.Server | None = None
+        self.answered_at = time.monotonic()  # its last Pong (or its start)
+        self.lags: deque[tuple[float, float]] = deque()  # (when, how late its loop ran) per Pong
+        self.stalled_s: float | None = None  # set when the watchdog ended it
 
     async def listen(self) -> None:
         self._server = await asyncio.get_running_loop().create_unix_server(self._connected, self.spec.path)
@@ -159,6 +167,10 @@ class WorkerHandle:
                 self.ready.set_result(message.pid)
                 self._server.close()  # its one worker is in: nobody else may connect
             return
+        if isinstance(message, mm.Pong):
+            self.answered_at = time.monotonic()
+            self.lags.append((self.answered_at, message.loop_lag_s))
+            return
         peer = self.calls.get(getattr(message, "call", ""))
         if peer is not None:
             peer.deliver(message)
@@ -170,21 +182,46 @@ class WorkerHandle:
         if self.alive and self.pipe is not None:
             self.pipe.send(message)
 
+    def loop_lag_s(self, window_s: float) -> float:
+        """The worst lateness its loop reported within the last ``window_s``."""
+        horizon = time.monotonic() - window_s
+        while self.lags and self.lags[0][0] < horizon:
+            self.lags.popleft()
+        return max((lag for _, lag in self.lags), default=0.0)
+
     @property
     def dropped(self) -> int:
         return self.pipe.dropped if self.pipe is not None else 0
 
-    async def pace(self) -> None:
+    async def pace(self, stall_s: float) -> None:
         """Every playing call's output, one frame per 20 ms deadline here, in one message to
         the worker (pacing here keeps the echo gate's idea of what was played in step with the
-        session; one message per frame time, not per call, keeps the pipe's wake-ups few)."""
+        session; one message per frame time, not per call, keeps the pipe's wake-ups few). Every
+        ``PING_FRAMES`` it pings the worker and watches the answers (``_watch``)."""
         pacer = FramePacer(WEBRTC_OUTPUT.frame_ms / 1000)
+        late_checks = 0
         while True:
             due = await pacer.wait_next()
             frames = [(peer.call, pcm) for peer in list(self.calls.values())
                       if peer.playing and (pcm := peer.next_frame(due)) is not None]
             if frames:
                 self.send(mm.Play(frames))
+            if pacer.frames % PING_FRAMES == 0:
+                self.send(mm.Ping(due))
+                late_checks = late_checks + 1 if due - self.answered_at > stall_s else 0
+                if late_checks >= 2:  # twice in a row: this loop has read whatever had arrived
+                    self._end_stalled(due - self.answered_at)
+                    return
+
+    def _end_stalled(self, silent_s: float) -> None:
+        """The worker stopped answering (stopped, stuck in a call into C, swapping): it is ended,
+        which fails its calls and starts it again, like any other death."""
+        log.error("media worker %d (pid %s) has not answered for %.1f s; ending it",
+                  self.spec.index, self.pid, silent_s)
+        self.stalled_s = silent_s
+        if self.process is not None and self.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGKILL)
 
     def forget(self, peer: RemotePeer) -> None:
         if self.calls.pop(peer.call, None) is not None:
@@ -200,10 +237,11 @@ class WorkerHandle:
 class MediaWorkers:
     """``count`` worker processes; ``make_peer`` is the gateway's ``PeerMaker``."""
 
-    def __init__(self, edge: EdgeConfig, count: int) -> None:
+    def __init__(self, edge: EdgeConfig, count: int, lag_window_s: float = 2.0) -> None:
         self.edge = edge
         self.count = count
-        self.run_dir = tempfile.mkdtemp(prefix="duplex-media-")
+        self.lag_window_s = lag_window_s  # admission by load reads the workers' worst lag within it
+        self.run_dir = ""  # made by start, removed by stop
         self._mp = mp.get_context("spawn")
         self.workers: list[WorkerHandle | None] = [None] * count
         self._pacers: dict[int, asyncio.Task] = {}
@@ -212,6 +250,7 @@ class MediaWorkers:
         self._stopping = False
 
     async def start(self) -> None:
+        self.run_dir = tempfile.mkdtemp(prefix="duplex-media-")
         await asyncio.gather(*(self._start(index, 0) for index in range(self.count)))
 
     async def _start(self, index: int, generation: int) -> None:
@@ -233,7 +272,8 @@ class MediaWorkers:
                 raise RuntimeError(f"media worker {index} was not ready within {READY_TIMEOUT_S:g} s")
             await asyncio.wait({handle.ready}, timeout=0.2)
         handle.pid, handle.alive = handle.ready.result(), True
-        pacer = loop.create_task(handle.pace(), name=f"media-pace-{index}")
+        handle.answered_at = time.monotonic()
+        pacer = loop.create_task(handle.pace(self.edge.media_stall_s), name=f"media-pace-{index}")
         self._pacers[index] = pacer
         loop.add_reader(process.sentinel, self._on_exit, handle, generation, pacer)
 
@@ -251,7 +291,9 @@ class MediaWorkers:
         handle.alive = False
         assert handle.process is not None
         handle.process.join(0)
-        reason = f"its media worker (pid {handle.pid}) ended with exit code {handle.process.exitcode}"
+        reason = (f"its media worker (pid {handle.pid}) stopped answering for {handle.stalled_s:.1f} s and was ended"
+                  if handle.stalled_s is not None else
+                  f"its media worker (pid {handle.pid}) ended with exit code {handle.process.exitcode}")
         log.error("media worker %d %s", handle.spec.index, reason.removeprefix("its media worker "))
         for peer in list(handle.calls.values()):
             peer.worker_died(f"the call's media failed: {reason}")
@@ -293,11 +335,18 @@ class MediaWorkers:
         for handle in self.workers:
             if handle is not None:
                 handle.close()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def loop_lag_s(self) -> float:
+        """The worst lateness of the live workers' loops (admission by load counts it)."""
+        return max((w.loop_lag_s(self.lag_window_s) for w in self.workers if w is not None and w.alive),
+                   default=0.0)
 
     def stats(self) -> dict:
         workers = [w for w in self.workers if w is not None]
         return {"workers": self.count, "up": sum(w.alive for w in workers), "restarts": self.restarts,
+                "loop_lag_ms": [round(w.loop_lag_s(self.lag_window_s) * 1000, 1) for w in workers if w.alive],
                 "pids": [w.pid for w in workers if w.alive],
                 "calls": [len(w.calls) for w in workers], "dropped_commands": sum(w.dropped for w in workers)}
 

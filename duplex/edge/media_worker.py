@@ -52,6 +52,27 @@ class FrameQueue:
         return self._frames.popleft()
 
 
+class LagProbe:
+    """How late this loop runs: the worst lateness of a 50 ms timer since the last ``take``
+    (the server's admission counts a worker's lag as its own)."""
+
+    PERIOD_S = 0.05
+
+    def __init__(self) -> None:
+        self.worst_s = 0.0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.PERIOD_S
+            await asyncio.sleep(self.PERIOD_S)
+            self.worst_s = max(self.worst_s, loop.time() - due)
+
+    def take(self) -> float:
+        worst, self.worst_s = self.worst_s, 0.0
+        return worst
+
+
 class Forwarder:
     """A peer's listener here: everything it hears goes to the server."""
 
@@ -85,6 +106,7 @@ class Worker:
         self.tasks: set[asyncio.Task] = set()
         self.stopped = asyncio.Event()  # Stop, SIGTERM, or the server's end of the pipe closed
         self.closed_calls = 0
+        self.lag = LagProbe()
         # ended calls' aiortc objects sit in reference cycles, as in the server process
         self.memory = MemoryKeeper(ended=lambda: self.closed_calls, live=lambda: len(self.peers))
 
@@ -95,8 +117,12 @@ class Worker:
         assert isinstance(pipe, FramedPipe)
         self.pipe = pipe
         self.memory.start()
+        probe = loop.create_task(self.lag.run())
         pipe.send(mm.Ready(os.getpid()))
-        await self.stopped.wait()
+        try:
+            await self.stopped.wait()
+        finally:
+            probe.cancel()
 
     def send(self, message: mm.FromWorker) -> None:
         if self.pipe is not None:
@@ -118,6 +144,8 @@ class Worker:
             self.spawn(self.flush(message))
         elif isinstance(message, mm.Close):
             self.spawn(self.close(message.call))
+        elif isinstance(message, mm.Ping):
+            self.send(mm.Pong(message.sent_at, self.lag.take()))
         elif isinstance(message, mm.Stop):
             self.stopped.set()
 

@@ -6,6 +6,7 @@ process states, ``LoadMonitor.snapshot``): answering takes microseconds and awai
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from duplex.config.pipeline import AdmissionConfig
 from duplex.runtime.coordinator import Coordinator
@@ -15,10 +16,12 @@ from duplex.session.observe import Refusal
 
 
 class LoadAdmission:
-    def __init__(self, coordinator: Coordinator, monitor: LoadMonitor | None, config: AdmissionConfig) -> None:
+    def __init__(self, coordinator: Coordinator, monitor: LoadMonitor | None, config: AdmissionConfig,
+                 media_lag_s: Callable[[], float] | None = None) -> None:
         self.coordinator = coordinator
         self.monitor = monitor  # None: only a stage that is down refuses
         self.config = config
+        self.media_lag_s = media_lag_s  # the worst media worker loop's lateness (edge.media_workers)
         self.refusals = {Refusal.OVERLOADED: 0, Refusal.STAGE_DOWN: 0}
 
     def refusal(self, live: int) -> Refused | None:
@@ -39,9 +42,12 @@ class LoadAdmission:
         if self.monitor is None or not self.config.enabled:
             return None
         lag_s = self.monitor.loop_lag_s
-        if lag_s * 1000 > self.config.max_loop_lag_ms:
-            return Refused(Refusal.OVERLOADED, f"the server is overloaded (its event loop runs {lag_s * 1000:.0f} ms "
-                                               f"late; limit {self.config.max_loop_lag_ms:g} ms); try again later",
+        media_s = self.media_lag_s() if self.media_lag_s is not None else 0.0
+        if max(lag_s, media_s) * 1000 > self.config.max_loop_lag_ms:
+            which = "its event loop" if lag_s >= media_s else "a media worker's event loop"
+            return Refused(Refusal.OVERLOADED, f"the server is overloaded ({which} runs "
+                                               f"{max(lag_s, media_s) * 1000:.0f} ms late; limit "
+                                               f"{self.config.max_loop_lag_ms:g} ms); try again later",
                            self.config.retry_after_s)
         snapshot = self.monitor.snapshot
         wait_s = lag_s + sum(stage.wait_s for stage in snapshot.stages.values())

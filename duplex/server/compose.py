@@ -55,7 +55,10 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     runtime = CoordinatorRuntime(coordinator)
     load = LoadMonitor(coordinator, pipeline.admission)  # admission by load reads its snapshot
     load.start()
-    admission = LoadAdmission(coordinator, load, pipeline.admission)
+    media = (MediaWorkers(edge, edge.media_workers, lag_window_s=pipeline.admission.lag_window_s)
+             if edge.media_workers else None)  # started below
+    admission = LoadAdmission(coordinator, load, pipeline.admission,
+                              media_lag_s=media.loop_lag_s if media else None)  # a worker's loop counts too
     turn_end = load_turn_end_model(eager=session_config.semantic_turns)  # for semantic_vad sessions
     sessions = SessionManager(runtime, session_config, edge.max_sessions, model=pipeline.name, admission=admission,
                               turn_end=turn_end)
@@ -64,7 +67,6 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
                         auth_counters=lambda: access.counters)
     if watch.observes:
         sessions.observer = watch
-    media = MediaWorkers(edge, edge.media_workers) if edge.media_workers else None  # started below
     gateway = WebRTCGateway(sessions, edge, media.make_peer if media else None)
     phones = phone_edges.PhoneEdges(phone or phone_edges.PhoneConfig(), sessions)
     use_loopback_candidates(edge.ice_loopback)

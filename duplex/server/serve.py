@@ -41,6 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--media-workers", type=int, default=0, metavar="N",
                         help="run the WebRTC calls' media (ICE, DTLS, SRTP, Opus) in N worker processes instead "
                              "of the server's event loop (0: in the server process)")
+    parser.add_argument("--media-stall-s", type=float, default=3.0,
+                        help="a media worker that has not answered for this long is ended (its calls fail) and "
+                             "started again")
     parser.add_argument("--aiortc-jitter-buffer", action="store_true",
                         help="keep aiortc's stock audio receive buffer (+60-80 ms; for comparison)")
     parser.add_argument("--instructions", default="", help="default instructions of every session")
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         pipeline = load_pipeline(config, overrides)
         edge = EdgeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           ice_servers=args.ice_server, ice_loopback=args.ice_loopback,
-                          media_workers=args.media_workers,
+                          media_workers=args.media_workers, media_stall_s=args.media_stall_s,
                           low_latency_receive=not args.aiortc_jitter_buffer, **access_settings(args),
                           **door_args.settings(args))
         sessions_config = session_defaults(pipeline.session, args.instructions)

@@ -22,6 +22,7 @@ class FramePacer:
         self._anchor: float | None = None
         self._count = 0
         self.reanchors = 0
+        self.frames = 0  # deadlines given so far (the count within the anchor restarts at a re-anchor)
 
     async def wait_next(self) -> float:
         """Sleep until the next frame is due; returns its due time (clock seconds)."""
@@ -35,4 +36,5 @@ class FramePacer:
         elif due > now:
             await self._sleep(due - now)
         self._count += 1
+        self.frames += 1
         return due
