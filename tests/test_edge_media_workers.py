@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import numpy as np
@@ -23,6 +22,7 @@ from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess, espeak
 from duplex_tools.offer import offer_sdp
 from duplex_tools.probes import ask
+from tests.runtime_helpers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_candidates")]
 STALL_S = 2.0  # the server's watchdog ends a worker silent this long (checked twice, every 0.5 s)
@@ -64,13 +64,15 @@ async def media(url: str) -> dict:
 
 
 async def until(url: str, accept, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        current = await stats(url)
-        if accept(current):
-            return current
-        assert time.monotonic() < deadline, f"stats never reached the expected state: {current['edges']}"
-        await asyncio.sleep(0.05)
+    """The server's stats once ``accept(stats)`` holds."""
+    seen: list[dict] = []
+
+    async def reached() -> bool:
+        seen.append(await stats(url))
+        return accept(seen[-1])
+
+    await wait_for(reached, timeout=timeout, what="the expected stats")
+    return seen[-1]
 
 
 async def test_events_travel_both_ways_through_the_worker(server):

@@ -27,6 +27,7 @@ from duplex.edge.media import WEBRTC_OUTPUT
 from duplex.edge.media_pipe import FramedPipe
 from duplex.edge.media_worker import worker_main
 from duplex.edge.rtc_peer import PeerListener
+from duplex.runtime.lifecycle import end_process
 from duplex.session.manager import SessionsFull
 from duplex.session.pacing import FramePacer
 
@@ -327,7 +328,7 @@ class MediaWorkers:
                 handle.send(mm.Stop())
         for handle in self.workers:
             if handle is not None and handle.process is not None:
-                await asyncio.to_thread(_end, handle.process)
+                await asyncio.to_thread(end_process, handle.process, 5.0)
         tasks = [*self._pacers.values(), *self._restarting]
         for task in tasks:
             task.cancel()
@@ -350,12 +351,3 @@ class MediaWorkers:
                 "pids": [w.pid for w in workers if w.alive],
                 "calls": [len(w.calls) for w in workers], "dropped_commands": sum(w.dropped for w in workers)}
 
-
-def _end(process: mp.process.BaseProcess, timeout_s: float = 5.0) -> None:
-    process.join(timeout_s)
-    if process.is_alive():
-        process.terminate()
-        process.join(2)
-    if process.is_alive():
-        process.kill()
-        process.join(2)

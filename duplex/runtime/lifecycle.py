@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import multiprocessing as mp
 import signal
 from contextlib import suppress
 
@@ -44,3 +45,14 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def end_process(process: mp.process.BaseProcess, grace_s: float) -> None:
+    """Wait ``grace_s`` for a child to end on its own, then SIGTERM, then SIGKILL (2 s each)."""
+    process.join(grace_s)
+    if process.is_alive():
+        process.terminate()
+        process.join(2)
+    if process.is_alive():
+        process.kill()
+        process.join(2)

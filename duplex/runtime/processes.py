@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Mapping
 
 from duplex.config.pipeline import PipelineConfig
+from duplex.runtime.lifecycle import end_process
 from duplex.runtime.stage import COORDINATOR
 from duplex.runtime.stage_host import Builder, HostSpec, host_main
 
@@ -66,12 +67,7 @@ class StageProcesses:
         for proc in self.procs.values():
             proc.join(timeout)
         for proc in self.procs.values():
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(2)
+            end_process(proc, 0)
         for proc in self.procs.values():
             proc.close()
         self.procs.clear()
