@@ -25,6 +25,7 @@ def server(request):
     """The page talks to the server's own event loop, then to a media worker process."""
     with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback",
                         "--media-workers", str(request.param)]) as proc:
+        proc.media_workers = request.param
         yield proc
     assert proc.stop() == 0
 
@@ -62,6 +63,8 @@ def test_demo_page_talks_with_the_agent(server, fake_mic, tmp_path):
             assert page.title().startswith("duplex")
             page.click("#connect")
             page.wait_for_function("window.duplex.connected === true", timeout=20000)
+            if server.media_workers:  # the page's call is carried by the worker
+                assert httpx.get(server.url + "/duplex/stats").json()["edges"]["media"]["calls"] == [1]
             page.wait_for_function("document.querySelector('#model').textContent === 'toy-voice'", timeout=5000)
             user = page.wait_for_selector("#transcript li.user span:not(.who):text-matches('s of speech')",
                                           timeout=30000)

@@ -28,6 +28,7 @@ def server(request):
     worker processes (``--media-workers``)."""
     with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback",
                         "--max-sessions", "4", "--media-workers", str(request.param)]) as proc:
+        proc.media_workers = request.param
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
     assert "duplex: stopped" in "".join(proc.output)
@@ -98,6 +99,10 @@ async def test_a_spoken_turn_gets_a_spoken_reply(server, question):
         assert metrics and 0 < metrics[0]["ttfa_ms"] < 3000
         current = await wait_for_stats(server.url, all_idle)
         assert current["sessions"]["live"] >= 1
+        edges = current["edges"]
+        assert ("media" in edges) == bool(server.media_workers)
+        if server.media_workers:  # the call's media is in a worker
+            assert sum(edges["media"]["calls"]) == 1
     finally:
         assert await client.hang_up() == 204
     await wait_for_stats(server.url, lambda s: s["edges"]["webrtc"]["live_sessions"] == 0 and all_idle(s))

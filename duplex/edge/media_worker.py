@@ -37,12 +37,9 @@ class FrameQueue:
     def __init__(self) -> None:
         self._frames: deque[np.ndarray] = deque(maxlen=QUEUED_FRAMES)
         self._arrived = asyncio.Event()
-        self.dropped = 0
 
     def put(self, pcm: np.ndarray) -> None:
-        if len(self._frames) == QUEUED_FRAMES:
-            self.dropped += 1
-        self._frames.append(pcm)
+        self._frames.append(pcm)  # a full deque drops its oldest
         self._arrived.set()
 
     async def next(self) -> np.ndarray:

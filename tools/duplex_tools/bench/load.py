@@ -124,7 +124,7 @@ def report(rows: list[dict], target: str, caller: Scenario, args: argparse.Names
     plain = [r for r in rows if not r.get("variant")]
     knee = None if args.knock_rate else find_knee(plain)
     print(render(rows, knee))
-    report = {"url": target, "scenario": caller.name, "rounds": args.rounds, "versus": args.versus, "levels": rows,
+    summary = {"url": target, "scenario": caller.name, "rounds": args.rounds, "versus": args.versus, "levels": rows,
               "knee_sessions": knee,
               "knee_rule": f"last level with p95 TTFB <= {KNEE_TTFB_GROWTH}x the lowest level's, barge-in stop p95 "
                            f"<= {STOP_BUDGET_MS:.0f} ms and <= {FRAME_BUDGET:.0%} of frames late or lost"}
@@ -135,7 +135,7 @@ def report(rows: list[dict], target: str, caller: Scenario, args: argparse.Names
 
         plot_load(rows, knee, args.plot, title=f"duplex bench load ({caller.name}) against {target}")
         print(f"wrote {args.plot}")
-    write_json(args.json_path, report)
+    write_json(args.json_path, summary)
     return 0 if all(r["calls_ok"] for r in rows) else 1
 
 
