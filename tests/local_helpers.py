@@ -19,6 +19,10 @@ from duplex.session.config import VadConfig
 from duplex.session.vad import FrameClassifier
 
 ORDER = "I would like a bubble tea with less ice."
+# Said over a reply to cut it: voiced well past barge_in.interrupt_ms, so the sound alone decides
+# the interruption (Piper's "Wait, stop." is 520 ms voiced with a pause after "Wait,": that one
+# is decided by its words, and a loaded box may hear them after words_wait_ms and resume).
+INTERRUPTION = "Wait, stop. I want a mango tea instead."
 
 
 def speak(text: str, rate: int = 16000) -> np.ndarray:
@@ -47,6 +51,12 @@ def Ctx(stage: StageConfig, memory_bytes: int | None, threads: int = 1) -> Build
     """The BuildContext a stage host passes to a builder."""
     return BuildContext(stage=stage.name, args=dict(stage.args), memory_bytes=memory_bytes, threads=threads,
                         max_running_requests=getattr(stage.scheduler, "max_running_requests", 1))
+
+
+def voiced_ms(audio: np.ndarray, rate: int, vad: VadConfig | None = None) -> int:
+    """Voiced audio in ``audio`` (float, any rate) as the session's classifier hears it."""
+    (chunk,) = caller_audio([resample(audio, rate, 16000)], vad)
+    return chunk.frame_ms * sum(chunk.voiced)
 
 
 def caller_audio(pieces: list[np.ndarray], vad: VadConfig | None = None) -> list[CallerAudio]:

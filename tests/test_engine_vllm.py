@@ -26,12 +26,13 @@ from duplex.models.local.asr import WhisperTranscriber
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
 from duplex.runtime.contract import AgentText, ToolCallDone, ToolSpec, Transcript, TurnRequest, WorkItem
 from duplex.runtime.schedulers.stream import StreamScheduler
+from duplex.session.config import BargeInConfig
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess
 from duplex_tools.probes import ask, hear
 from duplex_tools.vllm import VLLMServer, vllm_available
 from tests.engine_helpers import engine_yaml_args, inputs_of
-from tests.local_helpers import ORDER, speak
+from tests.local_helpers import INTERRUPTION, ORDER, speak, voiced_ms
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -140,8 +141,10 @@ def server(vllm):
 @pytest.fixture(scope="module")
 def voices() -> dict[str, np.ndarray]:
     # made before any call: synthesis inside a test would stall the client's event loop
-    return {"order": speak(ORDER, rate=48000), "stop": speak("Wait, stop.", rate=48000),
+    made = {"order": speak(ORDER, rate=48000), "stop": speak(INTERRUPTION, rate=48000),
             "hello": speak("Hello there.", rate=48000)}
+    assert voiced_ms(made["stop"], 48000) >= 2 * BargeInConfig().interrupt_ms, "the cut must not wait on words"
+    return made
 
 
 async def _stats(url: str) -> dict:
@@ -216,6 +219,8 @@ async def test_barge_in_ends_the_engine_request_and_frees_every_stage(server, vl
         await hear(client, client.time_of(started), 0.1, timeout=30)
         assert vllm.running_requests() == 1, "the reply should still be generating"
         client.mic.play(voices["stop"])
+        judged = await client.wait_event("duplex.overlap.judged", timeout=20, after=client.time_of(started))
+        assert judged["kind"] == "interruption", judged
         onset = await client.wait_event("input_audio_buffer.speech_started", timeout=20, after=client.time_of(started))
         took = await _wait(lambda: vllm.running_requests() == 0, 3.0, "vLLM's running requests at 0")
         done = await _done(client, response_id)

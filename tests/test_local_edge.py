@@ -17,10 +17,11 @@ from duplex.audio import resample
 from duplex.models.local import assets
 from duplex.models.local.asr import WhisperTranscriber
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
+from duplex.session.config import BargeInConfig
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess
 from duplex_tools.probes import ask, hear
-from tests.local_helpers import ORDER, speak
+from tests.local_helpers import INTERRUPTION, ORDER, speak, voiced_ms
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("loopback_candidates")]
 
@@ -55,7 +56,9 @@ def overlaps() -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture(scope="module")
 def question_and_interruption() -> tuple[np.ndarray, np.ndarray]:
     # Made before any call: synthesis inside the test would stall the client's event loop.
-    return speak("What flavors do you have?", rate=48000), speak("Wait, stop.", rate=48000)
+    interruption = speak(INTERRUPTION, rate=48000)
+    assert voiced_ms(interruption, 48000) >= 2 * BargeInConfig().interrupt_ms, "the cut must not wait on words"
+    return speak("What flavors do you have?", rate=48000), interruption
 
 
 async def _stats(url: str) -> dict:
