@@ -1,12 +1,14 @@
 """WebRTC media in worker processes (`duplex serve --media-workers N`), end to end over loopback
 with a real aiortc client against `--config toy-voice`: events both ways through a worker, a
 worker killed mid-reply (its call ends and frees its slot, the worker is started again, the next
-call is answered), and no worker left behind when the server stops. The call tests of
-test_edge_webrtc.py run through workers too (its server fixture runs both ways)."""
+call is answered), an offer to a worker that stops before answering (503), and no worker left
+behind when the server stops. The call tests of test_edge_webrtc.py run through workers too (its
+server fixture runs both ways)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -61,6 +63,14 @@ async def stats(url: str) -> dict:
 
 async def media(url: str) -> dict:
     return (await stats(url))["edges"]["media"]
+
+
+async def media_down_refusals(url: str) -> float:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        metrics = (await http.get("/metrics")).text
+    key = 'duplex_calls_refused_total{door="webrtc",reason="media_down"} '
+    (line,) = [line for line in metrics.splitlines() if line.startswith(key)]
+    return float(line.removeprefix(key))
 
 
 async def until(url: str, accept, timeout: float = 10.0) -> dict:
@@ -120,15 +130,48 @@ async def worker_gone_mid_reply(server, question: np.ndarray, how: signal.Signal
         assert not _alive(victim)
     finally:
         await client.close()  # its media is gone: the server has nothing left to hang up
-    second = RealtimeClient(server.url)
-    await second.connect()
+    await a_call_is_answered(server, question)
+
+
+async def a_call_is_answered(server, question: np.ndarray) -> None:
+    client = RealtimeClient(server.url)
+    await client.connect()
     try:
-        created = await ask(second, question)
-        await second.wait_event("output_audio_buffer.started", response_id=created["response"]["id"])
-        done = await second.wait_event("response.done", timeout=15)
+        created = await ask(client, question)
+        await client.wait_event("output_audio_buffer.started", response_id=created["response"]["id"])
+        done = await client.wait_event("response.done", timeout=15)
         assert done["response"]["status"] == "completed"
     finally:
-        assert await second.hang_up() == 204
+        assert await client.hang_up() == 204
+
+
+async def test_an_offer_to_a_worker_that_stops_before_answering_gets_503_not_400(server, question):
+    """The worker is stopped as the offer reaches it; the watchdog ends it. The offer was fine:
+    the refusal is the server's (503 naming the worker, Retry-After, counted as media_down), not
+    a bad offer, and no call was opened to fail."""
+    before = await stats(server.url)
+    (victim,) = before["edges"]["media"]["pids"]
+    webrtc = before["edges"]["webrtc"]
+    refusals = await media_down_refusals(server.url)
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=STALL_S + 20) as http:
+            refused = await http.post("/v1/realtime/calls", content=await offer_sdp(),
+                                      headers={"Content-Type": "application/sdp"})
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+    assert refused.status_code == 503, refused.text
+    message = refused.json()["error"]["message"]
+    assert f"media worker (pid {victim}) stopped answering" in message, message
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert await media_down_refusals(server.url) == refusals + 1
+    after = await until(server.url, lambda s: s["edges"]["media"]["up"] == 1
+                        and s["edges"]["media"]["restarts"] == before["edges"]["media"]["restarts"] + 1)
+    assert after["sessions"]["live"] == 0
+    assert (after["edges"]["webrtc"]["bad_offers"], after["edges"]["webrtc"]["failed"]) == \
+        (webrtc["bad_offers"], webrtc["failed"])
+    await a_call_is_answered(server, question)
 
 
 async def test_a_worker_running_late_refuses_new_calls_while_its_calls_go_on(server, question):

@@ -29,6 +29,7 @@ from duplex.edge.media_worker import worker_main
 from duplex.edge.rtc_peer import PeerListener
 from duplex.runtime.lifecycle import end_process
 from duplex.session.manager import SessionsFull
+from duplex.session.observe import Refusal
 from duplex.session.pacing import FramePacer
 
 log = logging.getLogger("duplex.edge.media")
@@ -36,6 +37,14 @@ READY_TIMEOUT_S = 60.0  # a worker imports aiortc and PyAV before it says it is 
 ANSWER_TIMEOUT_S = 10.0
 PING_FRAMES = 25  # a ping every half second (of 20 ms frame times)
 RESTART_PAUSE_S = 1.0  # between a worker's death and its next start (no spin on a crash at start)
+
+
+class MediaDown(SessionsFull):
+    """No media worker can carry the call now: none is up, or the one given the offer died or
+    stopped answering before it answered. The server's fault, not the offer's: 503, try again."""
+
+    reason = Refusal.MEDIA_DOWN
+    retry_after_s = RESTART_PAUSE_S
 
 
 class RemotePeer:
@@ -91,7 +100,8 @@ class RemotePeer:
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             if reply is mm.Answered:
-                raise RuntimeError(f"the media worker did not answer within {timeout_s:g} s") from None
+                raise MediaDown(f"the media worker given this call did not answer within {timeout_s:g} s; "
+                                "try again shortly") from None
             return None
         finally:
             self._replies.pop(reply, None)
@@ -131,6 +141,10 @@ class RemotePeer:
         self._channel_open = False
         self.playing = False
         self._state = "failed"
+        answering = self._replies.pop(mm.Answered, None)
+        if answering is not None and not answering.done():  # the offer is refused (503): no call to fail
+            answering.set_exception(MediaDown(f"{reason}; try again shortly"))
+            return
         for future in self._replies.values():
             if not future.done():
                 future.set_exception(RuntimeError(reason))
@@ -314,8 +328,7 @@ class MediaWorkers:
     def make_peer(self, call_id: str, listener: PeerListener, pull: Callable[[float], np.ndarray]) -> RemotePeer:
         live = [w for w in self.workers if w is not None and w.alive]
         if not live:
-            raise SessionsFull("no media worker is up (one is starting again); try again shortly",
-                               retry_after_s=RESTART_PAUSE_S)
+            raise MediaDown("no media worker is up (one is starting again); try again shortly")
         worker = min(live, key=lambda w: len(w.calls))
         peer = RemotePeer(call_id, worker, listener, pull)
         worker.calls[call_id] = peer

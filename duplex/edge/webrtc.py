@@ -149,7 +149,8 @@ class WebRTCGateway:
         try:
             call.peer = self.peers(call.id, call, session.pull_output)
             answer = await call.peer.answer(offer_sdp)
-        except SessionsFull:
+        except SessionsFull as exc:  # the peer's, not the session manager's (it counts its own)
+            self.sessions.refused("webrtc", exc.reason)
             await self.hang_up(call.id)
             raise
         except Exception as exc:

@@ -44,6 +44,7 @@ class Refusal(str, enum.Enum):
     BAD_REQUEST = "bad_request"  # the offer or its settings could not be used
     OVERLOADED = "overloaded"  # taking it would push turn latency past the budget (admission by load)
     STAGE_DOWN = "stage_down"  # a stage of the pipeline is down: the call could not be served
+    MEDIA_DOWN = "media_down"  # no media worker could carry the call (one died or is starting again)
     # (a request without the API key never reaches a door: the edge's access check counts it,
     # ``duplex_auth_refused_total``)
 
