@@ -78,7 +78,11 @@ def test_a_broken_expectation_fails_the_run(server, tmp_path):
     (tmp_path / "noise-stops-agent.yaml").write_text(
         "steps:\n  - say: Could you tell me what time it is\n    expect: {reply: true}\n"
         "  - noise: 0.04\n    at: {agent_heard_s: 0.5}\n    expect: {interrupts: true}\n")
-    run = duplex("scenario", "run", str(tmp_path), "--url", server.url, "--parallel", "2", "--no-plots",
+    # a reply shorter than the audio awaited fails its trigger when its audio ends, not at the timeout
+    (tmp_path / "cut-past-the-end.yaml").write_text(
+        "steps:\n  - say: Could you tell me what time it is\n    expect: {reply: true}\n"
+        "  - say: Wait, stop\n    at: {agent_heard_s: 600, timeout_s: 900}\n    expect: {interrupts: true}\n")
+    run = duplex("scenario", "run", str(tmp_path), "--url", server.url, "--parallel", "3", "--no-plots",
                  "--out", str(tmp_path / "out"), "--json", str(tmp_path / "results.json"), timeout=240)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     results = {s["name"]: s for s in json.loads((tmp_path / "results.json").read_text())["scenarios"]}
@@ -86,6 +90,8 @@ def test_a_broken_expectation_fails_the_run(server, tmp_path):
     (failure,) = results["impatient"]["failures"]
     assert failure.startswith("step 1 max_ttfb_ms: ") and failure.endswith("ms (limit 100)")
     assert results["noise-stops-agent"]["failures"] == ["step 2 interrupts: the agent was not cut"]
+    ran = [f for f in results["cut-past-the-end"]["failures"] if f.startswith("ran: ")]
+    assert ran and "the reply ended after" in ran[0], results["cut-past-the-end"]["failures"]
     assert "FAIL" in run.stdout
 
 
@@ -103,8 +109,22 @@ def test_the_load_benchmark_measures_each_level(server, tmp_path):
         assert 0 < level["ttfb_ms"]["p50"] <= level["ttfb_ms"]["p95"] <= level["ttfb_ms"]["p99"]
         assert level["server_cpu_cores"] > 0 and level["client_cpu_cores"] > 0
         assert level["frames_heard"] > 300 * level["sessions"]
-        assert level["left_behind"] == {}
+        assert level["left_behind"] == {} and level["failed_checks"] == {}
         parts = level["server_parts_ms"]  # the server's own breakdown of the level's turns
         assert set(parts) >= {"end_of_turn", "asr_tail", "first_token", "playout"} and parts["end_of_turn"] > 0
     assert png_size(tmp_path / "load.png")[0] > 800
     assert "TTFB p95" in run.stdout and "knee" in run.stdout
+
+
+def test_the_load_benchmark_says_which_expectations_failed(server, tmp_path):
+    (tmp_path / "impatient.yaml").write_text(
+        "steps:\n  - say: Could you tell me what time it is\n    expect: {reply: true, max_ttfb_ms: 100}\n")
+    run = duplex("bench", "load", "--url", server.url, "--sessions", "1",
+                 "--scenario", str(tmp_path / "impatient.yaml"), "--json", str(tmp_path / "load.json"), "--plot", "",
+                 timeout=300)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
+    (level,) = json.loads((tmp_path / "load.json").read_text())["levels"]
+    assert level["calls_failed"] == 1
+    assert list(level["failed_checks"]) == ["step 1 max_ttfb_ms"]
+    assert level["failed_checks"]["step 1 max_ttfb_ms"]["times"] == 1
+    assert "failed checks: step 1 max_ttfb_ms x1" in run.stdout

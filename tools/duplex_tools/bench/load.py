@@ -183,6 +183,7 @@ async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stag
         "sessions": sessions, "calls": len(calls), "calls_ok": sum(c["result"].passed for c in calls),
         "calls_failed": sum(not c["result"].passed for c in calls),
         "errors": sorted({c["error"][:160] for c in calls if c["error"]}),
+        "failed_checks": failed_checks(calls),
         "ttfb_ms": spread(ttfb), "stop_ms": spread(stop),
         "false_interruptions": sum(c["result"].false_interruptions for c in calls),
         "calls_dropped": sum(c["dropped"] for c in calls),  # the server had ended the call before our hang-up
@@ -199,6 +200,16 @@ async def run_level(url: str, caller: Scenario, sessions: int, rounds: int, stag
         "server_parts_ms": parts,  # mean per part of time to first audio, as the server measured it
         "knock_rate": knock_rate, "knocks": knocks,
     }
+
+
+def failed_checks(calls: list[dict]) -> dict[str, dict]:
+    """Which expectations the failed calls missed: per check, how many times, and one example."""
+    found: dict[str, list[str]] = {}
+    for call in calls:
+        for failure in call["result"].failures:
+            check, _, detail = failure.partition(": ")
+            found.setdefault(check, []).append(detail)
+    return {check: {"times": len(details), "example": details[0][:160]} for check, details in sorted(found.items())}
 
 
 async def _knock_later(url: str, rate: float, after_s: float, done: asyncio.Event) -> dict | None:
@@ -306,6 +317,9 @@ def render(rows: list[dict], knee: int | None) -> str:
             notes.append(f"{name}: {knock_summary(r['knocks'])}")
         if r["errors"]:
             notes.append(f"{name}: " + "; ".join(r["errors"]))
+        if r.get("failed_checks"):
+            notes.append(f"{name}: failed checks: " + "; ".join(
+                f"{check} x{seen['times']} (e.g. {seen['example']})" for check, seen in r["failed_checks"].items()))
         if r["left_behind"]:
             notes.append(f"{name}: left behind after all calls ended: {r['left_behind']}")
         if r.get("server_parts_ms"):

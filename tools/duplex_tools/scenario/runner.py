@@ -23,6 +23,9 @@ from duplex_tools.scenario.server_stats import ServerStats, StatsError
 
 FRAME_S = 0.02
 LOUD_RMS = 0.01  # agent audio at least this loud counts as speech heard
+# after the event saying a reply's audio ended, its last frames may still be on the way (RTP and
+# the data channel race, more so on a loaded box): a wait for more audio gives up only after this
+AUDIO_TAIL_S = 2.0
 CANCEL_EVENTS = ("conversation.item.truncated", "output_audio_buffer.cleared")
 SETTLE_TIMEOUT_S = 40.0
 
@@ -131,16 +134,18 @@ class _ScenarioCall:
             elif trigger.agent_heard_s is not None:
                 started = await client.wait_event("output_audio_buffer.started", timeout=trigger.timeout_s,
                                                   after=previous)
-                await self._wait_heard(client.time_of(started), trigger.agent_heard_s, trigger.timeout_s)
+                await self._wait_heard(client.time_of(started), trigger.agent_heard_s, trigger.timeout_s,
+                                       started["response_id"])
             else:  # the session went back to idle after the previous step began: the agent has finished
                 await client.wait_event("duplex.state", timeout=trigger.timeout_s, after=previous, state="idle")
         except TimeoutError as exc:
             raise TriggerTimeout(f"trigger {trigger.model_dump(exclude_defaults=True)} did not happen "
                                  f"within {trigger.timeout_s:g} s" + (f" ({exc})" if str(exc) else "")) from None
 
-    async def _wait_heard(self, since: float, seconds: float, timeout: float) -> None:
+    async def _wait_heard(self, since: float, seconds: float, timeout: float, response_id: str) -> None:
         """Until ``seconds`` of loud agent audio arrived after ``since`` (each frame looked at
-        once: many callers share one event loop in `duplex bench load`)."""
+        once: many callers share one event loop in `duplex bench load`). A reply whose audio
+        ended shorter fails the wait then, with what it said, not at the timeout."""
         deadline, cursor, loud = time.monotonic() + timeout, 0, 0
         while loud * FRAME_S < seconds:
             heard = self.client.heard
@@ -148,9 +153,23 @@ class _ScenarioCall:
             cursor = len(heard)
             if loud * FRAME_S >= seconds:
                 return
+            ended = self._audio_ended_at(response_id)
+            if ended is not None and time.monotonic() > ended + AUDIO_TAIL_S:
+                raise TimeoutError(f"the reply ended after {loud * FRAME_S:.2f} s of agent audio: "
+                                   f"{self._said(response_id)!r}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {loud * FRAME_S:.2f} s of agent audio within {timeout:g} s")
             await asyncio.sleep(FRAME_S)
+
+    def _audio_ended_at(self, response_id: str) -> float | None:
+        """When the client learnt that the reply's audio ended (stopped or cleared), if it did."""
+        return next((at for at, e in self.client.events if e.get("response_id") == response_id
+                     and e.get("type") in ("output_audio_buffer.stopped", "output_audio_buffer.cleared")), None)
+
+    def _said(self, response_id: str) -> str:
+        done = [e for e in self.client.of_type("response.output_audio_transcript.done")
+                if e.get("response_id") == response_id]
+        return done[0].get("transcript", "") if done else "(no transcript yet)"
 
     async def _watch_release(self, record: StepRecord, until: float) -> None:
         """If the response playing when the step began is cut during the step, time how long
