@@ -201,17 +201,17 @@ async def test_a_worker_running_late_refuses_new_calls_while_its_calls_go_on(ser
         assert await client.hang_up() == 204
 
 
-def test_the_load_bench_measures_a_server_with_workers_beside_one_without(tmp_path):
-    """`duplex bench load --versus ARGS`: the same level against two servers, one row each, the
-    second server's CPU counted with its media worker."""
+def test_the_load_bench_measures_a_server_with_its_worker_beside_one_without(tmp_path):
+    """`duplex bench load --versus ARGS`: the same level against two servers, one row each; the
+    default server's CPU is counted with its media worker."""
     run = subprocess.run([sys.executable, "-m", "duplex.cli", "bench", "load", "--serve", "toy-voice",
-                          "--sessions", "1", "--versus", "--media-workers 1", "--json", str(tmp_path / "load.json"),
+                          "--sessions", "1", "--versus", "--media-workers 0", "--json", str(tmp_path / "load.json"),
                           "--plot", str(tmp_path / "load.png")], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     rows = json.loads((tmp_path / "load.json").read_text())["levels"]
-    assert [(r["sessions"], r["variant"]) for r in rows] == [(1, ""), (1, "--media-workers 1")]
+    assert [(r["sessions"], r["variant"]) for r in rows] == [(1, ""), (1, "--media-workers 0")]
     assert all(r["calls_ok"] == r["calls"] == 1 for r in rows)
-    plain, workers = rows
-    assert workers["server_processes"] == plain["server_processes"] + 1  # the worker is counted
-    assert "1 (--media-workers 1)" in run.stdout
+    with_worker, in_server = rows
+    assert with_worker["server_processes"] == in_server["server_processes"] + 1  # the worker is counted
+    assert "1 (--media-workers 0)" in run.stdout
     assert (tmp_path / "load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

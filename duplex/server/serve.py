@@ -38,9 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="STUN/TURN server for ICE (repeatable); none by default")
     parser.add_argument("--ice-loopback", action="store_true",
                         help="offer 127.0.0.1 ICE candidates only (tests, same-host clients)")
-    parser.add_argument("--media-workers", type=int, default=0, metavar="N",
-                        help="run the WebRTC calls' media (ICE, DTLS, SRTP, Opus) in N worker processes instead "
-                             "of the server's event loop (0: in the server process)")
+    parser.add_argument("--media-workers", type=int, default=EdgeConfig.model_fields["media_workers"].default,
+                        metavar="N", help="run the WebRTC calls' media (ICE, DTLS, SRTP, Opus) in N worker processes "
+                                          "instead of the server's event loop (0: in the server process; default "
+                                          "%(default)s)")
     parser.add_argument("--media-stall-s", type=float, default=3.0,
                         help="a media worker that has not answered for this long is ended (its calls fail) and "
                              "started again")
