@@ -309,7 +309,8 @@ class MediaWorkers:
         reason = (f"its media worker (pid {handle.pid}) stopped answering for {handle.stalled_s:.1f} s and was ended"
                   if handle.stalled_s is not None else
                   f"its media worker (pid {handle.pid}) ended with exit code {handle.process.exitcode}")
-        log.error("media worker %d %s", handle.spec.index, reason.removeprefix("its media worker "))
+        if not self._stopping:  # (at the server's stop its end is no news)
+            log.error("media worker %d %s", handle.spec.index, reason.removeprefix("its media worker "))
         for peer in list(handle.calls.values()):
             peer.worker_died(f"the call's media failed: {reason}")
         handle.calls.clear()
