@@ -219,7 +219,8 @@ async def test_barge_in_ends_the_engine_request_and_frees_every_stage(server, vl
         await hear(client, client.time_of(started), 0.1, timeout=30)
         assert vllm.running_requests() == 1, "the reply should still be generating"
         client.mic.play(voices["stop"])
-        judged = await client.wait_event("duplex.overlap.judged", timeout=20, after=client.time_of(started))
+        judged = await client.wait_event("duplex.overlap.judged", timeout=20, after=client.time_of(started),
+                                         response_id=response_id)
         assert judged["kind"] == "interruption", judged
         onset = await client.wait_event("input_audio_buffer.speech_started", timeout=20, after=client.time_of(started))
         took = await _wait(lambda: vllm.running_requests() == 0, 3.0, "vLLM's running requests at 0")

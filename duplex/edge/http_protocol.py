@@ -39,8 +39,8 @@ def _raw_response(status: str, code: str, message: str) -> bytes:
 def connection_cap(configured: int) -> int:
     """``configured``, or half the process's file descriptors if that is less: the rest are for
     calls' media sockets, stage channels and shared memory, so a flood meets the cap before EMFILE."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return configured if soft == resource.RLIM_INFINITY else max(8, min(configured, soft // 2))
+    soft = _descriptors()
+    return configured if soft is None else max(8, min(configured, soft // 2))
 
 
 def accept_backlog(cap: int) -> int:
@@ -51,9 +51,15 @@ def accept_backlog(cap: int) -> int:
     loop, so about three batches are open at once (1,000 idle sockets at a server allowed 256
     descriptors, cap 128: peak 240 with a backlog of 64, 131 with 32). A smaller backlog than
     half the cap makes a burst of callers wait for SYN retries (1 s each)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    left_over = 4 * 2048 if soft == resource.RLIM_INFINITY else max(0, soft - cap)
+    soft = _descriptors()
+    left_over = 4 * 2048 if soft is None else max(0, soft - cap)
     return max(16, min(2048, cap // 2, left_over // 4))
+
+
+def _descriptors() -> int | None:
+    """The process's file descriptor limit (soft); None: unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def guarded_protocol(limits: HttpLimits) -> type[H11Protocol]:

@@ -147,24 +147,25 @@ class _ScenarioCall:
         once: many callers share one event loop in `duplex bench load`). A reply whose audio
         ended shorter fails the wait then, with what it said, not at the timeout."""
         deadline, cursor, loud = time.monotonic() + timeout, 0, 0
+        seen, ended = 0, None
         while loud * FRAME_S < seconds:
             heard = self.client.heard
             loud += sum(1 for h in heard[cursor:] if h.at >= since and h.rms > LOUD_RMS)
             cursor = len(heard)
             if loud * FRAME_S >= seconds:
                 return
-            ended = self._audio_ended_at(response_id)
+            events = self.client.events
+            if ended is None:
+                ended = next((at for at, e in events[seen:] if e.get("response_id") == response_id
+                              and e.get("type") in ("output_audio_buffer.stopped", "output_audio_buffer.cleared")),
+                             None)
+                seen = len(events)
             if ended is not None and time.monotonic() > ended + AUDIO_TAIL_S:
                 raise TimeoutError(f"the reply ended after {loud * FRAME_S:.2f} s of agent audio: "
                                    f"{self._said(response_id)!r}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {loud * FRAME_S:.2f} s of agent audio within {timeout:g} s")
             await asyncio.sleep(FRAME_S)
-
-    def _audio_ended_at(self, response_id: str) -> float | None:
-        """When the client learnt that the reply's audio ended (stopped or cleared), if it did."""
-        return next((at for at, e in self.client.events if e.get("response_id") == response_id
-                     and e.get("type") in ("output_audio_buffer.stopped", "output_audio_buffer.cleared")), None)
 
     def _said(self, response_id: str) -> str:
         done = [e for e in self.client.of_type("response.output_audio_transcript.done")
