@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The habits that keep the house in order: layer contracts (import-linter), ruff, a type checker on the
-# runtime, the session and the contract module, no import cycles, no file over 500 lines.
+# runtime, the session and the contract module, no import cycles, no file over 500 lines, and the docs
+# (the README's size and links, the site built in strict mode: scripts/docs.sh).
 # Run from scripts/test.sh before the suite; needs the venv from scripts/setup.sh --test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +17,6 @@ python scripts/import_cycles.py
 echo "== lint: file sizes"
 big=$(git ls-files '*.py' | xargs wc -l | awk '$2 != "total" && $1 > 500 {print "  " $2 " (" $1 " lines)"}')
 if [ -n "$big" ]; then echo "files over 500 lines:"; echo "$big"; exit 1; fi
+echo "== lint: docs (README budget and links, mkdocs build --strict)"
+bash scripts/docs.sh
 echo "== lint: ok"

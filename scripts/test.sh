@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need, checks the layer contracts, lint and types (scripts/lint.sh),
-# then runs the whole suite (slow end-to-end tests included).
+# then runs the whole suite (slow end-to-end tests included). The serve-path tests also make
+# .venv-serve with exactly what scripts/serve.sh installs (~65 s the first time, then ~5 s) and a
+# temporary venv for the built wheel (~65 s, removed after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test --local

@@ -54,7 +54,7 @@ class EdgeConfig(BaseModel):
     ice_loopback: bool = False  # gather 127.0.0.1 candidates only (tests, single-host use)
     # WebRTC media (ICE, DTLS, SRTP, Opus, RTP) in this many worker processes; 0: on the server's loop.
     # One by default: with the local pipeline's stages busy (8 callers on 2 cores) the server's loop
-    # fell ~1 s behind the callers' audio, and barge-ins with it (README, Load: media workers).
+    # fell ~1 s behind the callers' audio, and barge-ins with it (docs/benchmarks/load.md).
     media_workers: int = Field(1, ge=0, le=32)
     media_stall_s: float = Field(3.0, ge=1.0, le=60.0)  # a media worker silent this long is ended and restarted
     low_latency_receive: bool = True  # release each received audio frame on arrival (see rtc_options)

@@ -21,9 +21,12 @@ _READY = re.compile(r"demo page: (http://\S+?)/?$")
 
 
 class ServerProcess:
-    """``duplex serve`` in a child process; ``url`` once it printed that it is ready."""
+    """``duplex serve`` in a child process; ``url`` once it printed that it is ready. ``command``
+    starts another one (another venv's ``duplex serve``, scripts/serve.sh); ``args`` follow it."""
 
-    def __init__(self, args: list[str], ready_timeout: float = 90.0, cwd: str | None = None) -> None:
+    def __init__(self, args: list[str], ready_timeout: float = 90.0, cwd: str | None = None,
+                 command: list[str] | None = None) -> None:
+        self.command = command or [sys.executable, "-m", "duplex.cli", "serve"]
         self.args = args
         self.ready_timeout = ready_timeout
         self.cwd = cwd
@@ -40,7 +43,7 @@ class ServerProcess:
 
     def start(self) -> str:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self._proc = subprocess.Popen([sys.executable, "-m", "duplex.cli", "serve", *self.args], cwd=self.cwd,
+        self._proc = subprocess.Popen([*self.command, *self.args], cwd=self.cwd,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         ready = threading.Event()
         threading.Thread(target=self._read_output, args=(ready,), daemon=True).start()

@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import openai
 
 _BLANKS = re.compile(r"\s+")
@@ -80,7 +79,8 @@ class EngineClient:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.name = f"{settings.base_url} ({settings.model})"
-        timeout = httpx.Timeout(connect=settings.connect_timeout_s, read=None, write=30.0, pool=30.0)
+        # the client's own Timeout: openai 3 runs on httpx2, older releases on httpx
+        timeout = openai.Timeout(connect=settings.connect_timeout_s, read=None, write=30.0, pool=30.0)
         self._client = openai.AsyncOpenAI(base_url=settings.base_url, api_key=settings.api_key,
                                           max_retries=0, timeout=timeout)
 

@@ -1,7 +1,7 @@
 """The Smart Turn v3.2 ONNX model, run on a worker thread so the event loop never waits on it.
 
-The weights ship inside the ``pipecat-ai`` wheel (installed without its dependencies by
-``scripts/setup.sh --local``); only the file is used, not pipecat's code. Input: Whisper log-mel
+The weights ship inside duplex (``data/``: the file of the ``pipecat-ai`` wheel, BSD-2, its licence
+beside it), so every install has them; none of pipecat's code is used. Input: Whisper log-mel
 features (80 x 800) of the last 8 s of 16 kHz audio, zeros before a shorter clip; output: the
 probability that the speaker's turn is complete.
 """
@@ -9,7 +9,6 @@ probability that the speaker's turn is complete.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,23 +16,17 @@ import numpy as np
 
 RATE = 16_000
 WINDOW_S = 8
-_DISTRIBUTION = "pipecat-ai"
-_FILE = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+_FILE = "smart-turn-v3.2-cpu.onnx"
 
 
 class SmartTurnUnavailable(RuntimeError):
-    """The model file (the ``pipecat-ai`` wheel) or onnxruntime is not installed."""
+    """The model file or onnxruntime is not installed."""
 
 
 def smart_turn_path() -> Path:
-    try:
-        path = Path(str(importlib.metadata.distribution(_DISTRIBUTION).locate_file(_FILE)))
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise SmartTurnUnavailable(f"semantic end of turn needs the {_DISTRIBUTION} wheel for its Smart Turn "
-                                   f"model: run scripts/setup.sh --local (pip install --no-deps "
-                                   f"{_DISTRIBUTION}==1.14.0)") from exc
+    path = Path(__file__).with_name("data") / _FILE  # package data, beside this module
     if not path.is_file():
-        raise SmartTurnUnavailable(f"the {_DISTRIBUTION} wheel installed has no {_FILE}")
+        raise SmartTurnUnavailable(f"this duplex was installed without its package data: no {path}")
     return path
 
 
