@@ -42,7 +42,8 @@ def _sections() -> list[tuple[str, str, type[BaseModel]]]:
     """(heading, where it is set, model): imported here so that importing the hook costs nothing."""
     from duplex.config.pipeline import PipelineConfig
     from duplex.edge.config import EdgeConfig
-    from duplex.edge.telephony.config import SipConfig, TwilioLimits
+    from duplex.edge.sip.config import SipConfig
+    from duplex.edge.twilio.config import TwilioLimits
     from duplex.models.engine.stages import EngineThinkerArgs
     from duplex.server.watch import WatchConfig
     from duplex.session.config import SessionConfig
@@ -156,7 +157,7 @@ def _cell(text: str) -> str:
 
 
 # Settings models whose fields the sections show under other headings.
-_SHOWN_ELSEWHERE = {"duplex.edge.telephony.phone_edges.PhoneConfig": "its parts are the SIP and Twilio sections"}
+_SHOWN_ELSEWHERE = {"duplex.server.phone_edges.PhoneConfig": "its parts are the SIP and Twilio sections"}
 _SETTINGS_PACKAGES = ("duplex.config", "duplex.session", "duplex.edge", "duplex.server")
 
 

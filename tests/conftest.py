@@ -6,7 +6,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
 
-from duplex.edge.rtc_options import use_loopback_candidates
+from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 
 
 @pytest.fixture

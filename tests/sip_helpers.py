@@ -14,9 +14,9 @@ import time
 import numpy as np
 import psutil
 
-from duplex.edge.telephony import g711
-from duplex.edge.telephony.rtp import RtpPacket, parse_rtp
-from duplex.edge.telephony.sip_message import SipRequest, SipResponse, parse_message
+from duplex.edge.media import g711
+from duplex.edge.media.rtp import RtpPacket, parse_rtp
+from duplex.edge.sip.message import SipRequest, SipResponse, parse_message
 
 LOOPBACK = "127.0.0.1"
 

@@ -8,12 +8,12 @@ import logging
 
 import pytest
 
-from duplex.edge.auth import KEY, OPEN
 from duplex.edge.config import EdgeConfig
-from duplex.edge.guard import HostPolicy, _split_host
-from duplex.edge.http_protocol import BoundedLog
-from duplex.edge.stats_view import detail_allowed, redact
-from duplex.edge.webrtc import call_path_id, split_path_id
+from duplex.edge.http.auth import KEY, OPEN
+from duplex.edge.http.guard import HostPolicy, _split_host
+from duplex.edge.http.protocol import BoundedLog
+from duplex.edge.http.stats_view import detail_allowed, redact
+from duplex.edge.webrtc.gateway import call_path_id, split_path_id
 
 
 def test_host_names_that_cannot_be_rebound_are_served_and_others_only_when_allowed():

@@ -8,7 +8,7 @@ import asyncio
 
 from aiortc.mediastreams import AudioStreamTrack
 
-from duplex.edge.media import InputPump
+from duplex.edge.webrtc.media import InputPump
 
 
 async def test_a_session_failure_ends_the_pump_and_is_reported():

@@ -6,7 +6,7 @@ from aiortc import RTCPeerConnection
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
-from duplex.edge.rtc_options import ArrivalOrderAudioBuffer, receive_on_arrival, rtc_configuration
+from duplex.edge.webrtc.rtc_options import ArrivalOrderAudioBuffer, receive_on_arrival, rtc_configuration
 
 
 def packet(seq: int, payload: bytes) -> RtpPacket:

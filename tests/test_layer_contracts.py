@@ -45,8 +45,17 @@ def test_the_tree_keeps_its_contracts(tree: Path) -> None:
      "Model families import only the runtime's public contract"),
     ("duplex/edge/_violation.py", "from duplex.runtime import coordinator\n",
      "The edge knows transports and the session, not the coordinator or stages"),
+    ("duplex/edge/sip/_violation.py", "from duplex.edge.twilio import stream\n",
+     "Edge rooms: the front over the doors, doors apart, shared parts below"),
+    ("duplex/edge/media/_violation.py", "from duplex.edge.phone import bridge\n",
+     "Edge rooms: the front over the doors, doors apart, shared parts below"),
+    ("duplex/edge/media/_violation.py", "from duplex.session import events\n",
+     "The shared media and rate limits know no session and no runtime"),
+    ("duplex/edge/door/__init__.py", "",
+     "Edge rooms: the front over the doors, doors apart, shared parts below"),
 ])
 def test_a_violation_breaks_its_contract(tree: Path, module: str, source: str, contract: str) -> None:
+    (tree / module).parent.mkdir(exist_ok=True)
     (tree / module).write_text(source)
     result = _lint(tree)
     assert result.returncode != 0

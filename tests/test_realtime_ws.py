@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from duplex.edge.telephony import g711
+from duplex.edge.media import g711
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess, espeak
 from duplex_tools.ws_client import RATE, WsCaller

@@ -8,7 +8,7 @@ import av
 import numpy as np
 import pytest
 
-from duplex.edge.rtc_options import audio_level_dbov, stock_audio_level_dbov, use_vectorised_audio_level
+from duplex.edge.webrtc.rtc_options import audio_level_dbov, stock_audio_level_dbov, use_vectorised_audio_level
 
 
 def _frame(samples: np.ndarray, layout: str) -> av.AudioFrame:

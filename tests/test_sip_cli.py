@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from duplex.cli import build_parser, main
-from duplex.edge.telephony.phone_edges import config_from_args
+from duplex.server.phone_edges import config_from_args
 
 
 def _phone(*argv: str):

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from duplex.edge.rate import RateConfig
-from duplex.edge.telephony.config import SipConfig
-from duplex.edge.telephony.sip_uas import SipServer
+from duplex.edge.sip.config import SipConfig
+from duplex.edge.sip.uas import SipServer
 from tests.sip_helpers import RtpPhone, SipPeer, ToneAgent, answer_port, sdp_offer, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -268,7 +268,7 @@ class _Clock:
 
 
 def test_the_reply_budget_gives_back_at_most_what_came_in_plus_the_allowance():
-    from duplex.edge.telephony.reply_budget import ReplyBudget
+    from duplex.edge.sip.reply_budget import ReplyBudget
 
     clock = _Clock()
     budget = ReplyBudget(window_s=30, allowance=100, max_sources=16, clock=clock)
@@ -289,7 +289,7 @@ def test_refusals_are_counted_always_and_logged_at_a_bounded_rate(caplog):
     import collections
     import logging
 
-    from duplex.edge.telephony.refusals import LINES_PER_WINDOW, WINDOW_S, Refusals
+    from duplex.edge.phone.refusals import LINES_PER_WINDOW, WINDOW_S, Refusals
 
     clock = _Clock()
     counters: collections.Counter[str] = collections.Counter()

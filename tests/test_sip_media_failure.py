@@ -9,8 +9,8 @@ import asyncio
 
 import numpy as np
 
-from duplex.edge.telephony.media import CallMedia
-from duplex.edge.telephony.sdp import Negotiated
+from duplex.edge.sip.media import CallMedia
+from duplex.edge.sip.sdp import Negotiated
 
 
 class BrokenAgent:

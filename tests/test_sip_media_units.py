@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from duplex.audio import Resampler
-from duplex.edge.telephony import g711
-from duplex.edge.telephony.audio import PHONE_FRAME, PhoneDecoder, PhoneEncoder
-from duplex.edge.telephony.jitter import JitterBuffer
-from duplex.edge.telephony.rtp import (
+from duplex.edge.media import g711
+from duplex.edge.media.audio import PHONE_FRAME, PhoneDecoder, PhoneEncoder
+from duplex.edge.media.jitter import JitterBuffer
+from duplex.edge.media.rtp import (
     DtmfEvent,
     RtpError,
     RtpPacket,

@@ -6,27 +6,27 @@ import hashlib
 
 import pytest
 
-from duplex.edge.telephony.access import AccessPolicy, AuthResult
-from duplex.edge.telephony.sdp import (
-    LocalDescription,
-    NoCommonCodec,
-    SdpError,
-    negotiate,
-    parse_sdp,
-)
-from duplex.edge.telephony.sip_headers import (
+from duplex.edge.sip.access import AccessPolicy, AuthResult
+from duplex.edge.sip.headers import (
     parse_auth_params,
     parse_cseq,
     parse_name_addr,
     parse_uri,
     parse_via,
 )
-from duplex.edge.telephony.sip_message import (
+from duplex.edge.sip.message import (
     MAX_MESSAGE,
     SipParseError,
     SipRequest,
     SipResponse,
     parse_message,
+)
+from duplex.edge.sip.sdp import (
+    LocalDescription,
+    NoCommonCodec,
+    SdpError,
+    negotiate,
+    parse_sdp,
 )
 
 INVITE = (

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from duplex.edge.telephony.config import SipConfig
-from duplex.edge.telephony.rtp import RtpPacket
-from duplex.edge.telephony.sip_uas import SipServer
+from duplex.edge.media.rtp import RtpPacket
+from duplex.edge.sip.config import SipConfig
+from duplex.edge.sip.uas import SipServer
 from tests.sip_helpers import RtpPhone, SipPeer, ToneAgent, answer_port, sdp_offer, wait_until
 
 pytestmark = pytest.mark.timeout(60)

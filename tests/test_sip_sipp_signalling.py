@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from duplex.edge.telephony.config import SipConfig
-from duplex.edge.telephony.sip_uas import SipServer
+from duplex.edge.sip.config import SipConfig
+from duplex.edge.sip.uas import SipServer
 from tests.sip_helpers import ToneAgent, wait_until
 
 pytestmark = [pytest.mark.timeout(60),

@@ -26,8 +26,8 @@ import httpx
 import numpy as np
 import pytest
 
-from duplex.edge.telephony import g711
-from duplex.edge.telephony.rtp import RtpPacket, parse_rtp
+from duplex.edge.media import g711
+from duplex.edge.media.rtp import RtpPacket, parse_rtp
 from duplex.session.pacing import FramePacer
 from duplex_tools.harness import ServerProcess, espeak
 from tests.sip_helpers import RtpPhone, SipPeer, answer_port, sdp_offer

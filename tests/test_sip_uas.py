@@ -7,9 +7,9 @@ import hashlib
 
 import pytest
 
-from duplex.edge.telephony.config import SipConfig
-from duplex.edge.telephony.sip_headers import parse_auth_params
-from duplex.edge.telephony.sip_uas import SipServer
+from duplex.edge.sip.config import SipConfig
+from duplex.edge.sip.headers import parse_auth_params
+from duplex.edge.sip.uas import SipServer
 from tests.sip_helpers import (
     RtpPhone,
     SipPeer,
@@ -360,7 +360,7 @@ async def test_dtmf_events_reach_the_agent_once(server):
 async def test_no_free_session_is_486(server):
     """No session free at the INVITE: 486. A session taken by another door between the
     200 OK and its ACK (a call opens its session only once ACKed): a BYE."""
-    from duplex.edge.telephony.bridge import AgentUnavailable
+    from duplex.edge.phone.bridge import AgentUnavailable
 
     def no_session(transport):
         raise AgentUnavailable("all 8 sessions are in use")

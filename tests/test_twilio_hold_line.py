@@ -13,10 +13,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from duplex.edge.phone.bridge import AgentUnavailable
 from duplex.edge.rate import RateConfig
-from duplex.edge.telephony.bridge import AgentUnavailable
-from duplex.edge.telephony.config import TwilioLimits
-from duplex.edge.telephony.twilio_stream import TwilioEndpoint
+from duplex.edge.twilio.config import TwilioLimits
+from duplex.edge.twilio.stream import TwilioEndpoint
 from tests.sip_helpers import ToneAgent, wait_until
 from tests.twilio_client import TwilioPeer
 

@@ -13,9 +13,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from duplex.edge.telephony import twilio_messages as tm
-from duplex.edge.telephony.bridge import AgentUnavailable
-from duplex.edge.telephony.twilio_stream import TwilioEndpoint
+from duplex.edge.phone.bridge import AgentUnavailable
+from duplex.edge.twilio import messages as tm
+from duplex.edge.twilio.stream import TwilioEndpoint
 from tests.sip_helpers import ToneAgent, wait_until
 from tests.twilio_client import TwilioPeer
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 from websockets.asyncio.client import connect
 
-from duplex.edge.telephony import g711
+from duplex.edge.media import g711
 from duplex.session.pacing import FramePacer
 
 

@@ -20,7 +20,7 @@ class RealtimeLimits(BaseModel):
 
 
 class AccessConfig(BaseModel):
-    """Who may use the server (``edge/auth.py``). No API key: open to anyone who can reach it."""
+    """Who may use the server (``edge/http/auth.py``). No API key: open to anyone who can reach it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -32,7 +32,7 @@ class AccessConfig(BaseModel):
 
 
 class HttpLimits(BaseModel):
-    """What one HTTP client may hold of the server (``edge/guard.py``, ``edge/http_protocol.py``)."""
+    """What one HTTP client may hold of the server (``edge/http/guard.py``, ``edge/http/protocol.py``)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -14,20 +14,20 @@ from collections.abc import Iterator
 import uvicorn
 
 from duplex.config import PipelineConfig
-from duplex.edge.app import create_app
-from duplex.edge.auth import Access
 from duplex.edge.config import EdgeConfig
-from duplex.edge.health import add_health_routes
-from duplex.edge.http_protocol import accept_backlog, bound_server_logs, connection_cap, guarded_protocol
-from duplex.edge.media_pool import MediaWorkers
+from duplex.edge.http.app import create_app
+from duplex.edge.http.auth import Access
+from duplex.edge.http.health import add_health_routes
+from duplex.edge.http.protocol import accept_backlog, bound_server_logs, connection_cap, guarded_protocol
 from duplex.edge.memory import MemoryKeeper
-from duplex.edge.rtc_options import use_loopback_candidates, use_vectorised_audio_level
-from duplex.edge.telephony import phone_edges
-from duplex.edge.webrtc import WebRTCGateway
+from duplex.edge.webrtc.gateway import WebRTCGateway
+from duplex.edge.webrtc.media_pool import MediaWorkers
+from duplex.edge.webrtc.rtc_options import use_loopback_candidates, use_vectorised_audio_level
 from duplex.models.registry import BUILDERS
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.lifecycle import StopSignals
 from duplex.runtime.load import LoadMonitor
+from duplex.server import phone_edges
 from duplex.server.admission import LoadAdmission
 from duplex.server.runtime_adapter import CoordinatorRuntime
 from duplex.server.turn_end import load_turn_end_model

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from duplex.config import ConfigError, load_pipeline
 from duplex.edge import door_args
 from duplex.edge.config import EdgeConfig
-from duplex.edge.telephony import phone_edges
+from duplex.server import phone_edges
 from duplex.server.watch import WatchConfig
 from duplex.session.config import SessionConfig
 

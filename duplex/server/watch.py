@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from duplex.edge.health import Readiness
+from duplex.edge.http.health import Readiness
 from duplex.runtime.coordinator import Coordinator
 from duplex.server import call_log
 from duplex.server.metrics import ServerMetrics

@@ -22,7 +22,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from duplex.audio import resample
-from duplex.edge.rtc_options import receive_on_arrival, rtc_configuration, use_vectorised_audio_level
+from duplex.edge.webrtc.rtc_options import receive_on_arrival, rtc_configuration, use_vectorised_audio_level
 from duplex.session.pacing import FramePacer
 from duplex_tools.echo_path import EchoPath
 

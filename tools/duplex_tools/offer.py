@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiortc import RTCPeerConnection
 
-from duplex.edge.rtc_options import rtc_configuration
+from duplex.edge.webrtc.rtc_options import rtc_configuration
 
 
 async def offer_sdp(audio: bool = True, channel: bool = True, video: bool = False) -> str:

@@ -20,7 +20,7 @@ import sys
 
 import httpx
 
-from duplex.edge.rtc_options import use_loopback_candidates
+from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools.bench.report import percentile, table, write_json
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess, espeak

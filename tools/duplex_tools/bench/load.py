@@ -19,7 +19,7 @@ import time
 
 import psutil
 
-from duplex.edge.rtc_options import use_loopback_candidates
+from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
 from duplex_tools.bench import overrides_refused
 from duplex_tools.bench.knock import knock_until

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from duplex.edge.rtc_options import use_loopback_candidates
+from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
 from duplex_tools.bench import overrides_refused
 from duplex_tools.bench.load import leftover, spread

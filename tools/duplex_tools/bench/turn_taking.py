@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from duplex.edge.rtc_options import use_loopback_candidates
+from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools.bench.report import percentile, table, write_json
 from duplex_tools.bench.server_parts import mean_parts_ms, read_parts
 from duplex_tools.harness import ServerProcess

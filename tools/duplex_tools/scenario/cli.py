@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from duplex.edge.rtc_options import use_loopback_candidates
+from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
 from duplex_tools.bench.report import write_json
 from duplex_tools.scenario.measure import Check, ScenarioResult, measure

@@ -1,0 +1,80 @@
+"""Phone callers talk to the same conversations as browser callers: a ``VoiceSession`` from the
+server's ``SessionManager`` (same limit, same stats), with its turn-taking, echo gating and
+barge-in, producing audio at G.711's 8 kHz so the phone leg only has to encode it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo, Reserve
+from duplex.runtime.contract import SESSION_RATE
+from duplex.session import events as ev
+from duplex.session.manager import SessionManager, SessionsFull
+from duplex.session.playout import OutputFormat
+
+PHONE_OUTPUT = OutputFormat(sample_rate=8000, channels=1, frame_ms=20)
+EventObserver = Callable[[CallInfo, ev.ServerEvent], None]
+
+
+class SessionCallAgent:
+    input_rate = SESSION_RATE
+    output_rate = PHONE_OUTPUT.sample_rate
+
+    def __init__(self, info: CallInfo, sessions: SessionManager,
+                 observer: EventObserver | None = None) -> None:
+        self.info = info
+        self._sessions = sessions
+        self._observer = observer
+        self._barge_in_listener: Callable[[], None] | None = None
+        self.digits: list[str] = []
+        self.session = sessions.open(info.transport, self._on_event, PHONE_OUTPUT, call_id=info.call_id)
+
+    def caller_audio(self, pcm: np.ndarray, arrival: float) -> None:
+        self.session.push_input(pcm, arrival)
+
+    def agent_audio(self, due: float) -> np.ndarray:
+        return self.session.pull_output(due)
+
+    def dtmf(self, digit: str) -> None:
+        self.digits.append(digit)  # the conversation takes no keypad input yet
+
+    def set_barge_in_listener(self, listener: Callable[[], None]) -> None:
+        self._barge_in_listener = listener
+
+    async def close(self) -> None:
+        await self._sessions.close(self.session)
+
+    def _on_event(self, event: ev.ServerEvent) -> None:
+        # a reply paused while the session listens is silenced at the far end as a cut one is
+        # (what the far end had queued is dropped; the reply resumes from the session's playout)
+        if isinstance(event, (ev.OutputAudioCleared, ev.ResponsePaused)) and self._barge_in_listener is not None:
+            self._barge_in_listener()
+        if self._observer is not None:
+            self._observer(self.info, event)
+
+
+def session_agents(sessions: SessionManager, observer: EventObserver | None = None) -> AgentFactory:
+    """An agent factory for ``SipServer`` and ``TwilioEndpoint``: one session per call."""
+
+    async def create(info: CallInfo) -> CallAgent:
+        try:
+            return SessionCallAgent(info, sessions, observer)
+        except SessionsFull as exc:
+            raise AgentUnavailable(str(exc)) from exc
+
+    return create
+
+
+def session_reserve(sessions: SessionManager) -> Reserve:
+    """For ``SipServer``: is a session free now (486 at the INVITE if not)? Takes none: a SIP
+    call opens its session only once its 200 OK is ACKed."""
+
+    def reserve(transport: str) -> None:
+        try:
+            sessions.reserve(transport)
+        except SessionsFull as exc:
+            raise AgentUnavailable(str(exc)) from exc
+
+    return reserve

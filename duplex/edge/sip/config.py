@@ -1,0 +1,63 @@
+"""Settings of the SIP door (UAS, RTP media)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from duplex.edge.rate import RateConfig
+
+
+class SipConfig(BaseModel):
+    host: str = "127.0.0.1"  # address the SIP and RTP sockets bind to
+    port: int = Field(5060, ge=0, le=65535)  # 0: any free port (tests)
+    advertise_host: str | None = None  # address written in Contact and SDP; default: `host`
+    rtp_port_min: int = Field(20000, ge=1024, le=65534)
+    rtp_port_max: int = Field(20999, ge=1025, le=65535)
+    max_calls: int = Field(8, ge=0)
+    # Sources allowed to send SIP; everyone else gets 403. Loopback only unless configured.
+    allow: list[str] = ["127.0.0.0/8", "::1/128"]
+    auth_users: dict[str, str] = {}  # username -> password; non-empty turns on digest auth
+    realm: str = "duplex"
+    ring_ms: int = Field(0, ge=0, le=60000)  # 180 Ringing held this long before the 200 OK
+    t1_ms: int = Field(500, ge=10, le=5000)  # RFC 3261 T1: retransmission base interval
+    symmetric_rtp: bool = False  # send RTP back to where it comes from (NAT), not to the SDP
+    jitter_depth: int = Field(3, ge=1, le=20)  # 20 ms frames buffered before playout
+    rtp_timeout_s: float = Field(30.0, ge=0)  # hang up after this long without RTP; 0: never
+    user_agent: str = "duplex"
+    # Holding the line (issue 15). A call holds a session only once its 200 OK is ACKed;
+    # until then it is "pending" (an RTP port, a dialog entry) and yields to newer INVITEs.
+    ack_timeout_s: float = Field(4.0, gt=0, le=32)  # a 200 OK not ACKed by then: call dropped
+    max_pending_calls: int = Field(16, ge=1, le=1000)  # INVITEs answered, not yet ACKed
+    max_transactions: int = Field(4096, ge=16, le=1_000_000)  # open server transactions (each lives ~32 s)
+    max_call_s: float = Field(3600.0, gt=0)  # an answered call is hung up (BYE) after this long
+    rate: RateConfig = Field(default_factory=RateConfig)  # new INVITEs per source and in total
+    # Anti-amplification: to a source without a confirmed call we send at most the bytes it
+    # sent us (plus `reply_allowance_bytes`, renewed after `reply_window_s` of silence from it),
+    # responses and their retransmissions included; refusals (503) at most `refusal_replies`
+    # a minute per source, the rest dropped unanswered.
+    reply_window_s: float = Field(30.0, gt=0, le=3600)
+    reply_allowance_bytes: int = Field(1024, ge=0, le=65536)
+    refusal_replies: float = Field(6.0, gt=0)
+    budget_exempt: list[str] = []  # CIDRs whose replies are not capped (your trunk, your SBC)
+
+    @field_validator("allow", "budget_exempt")
+    @classmethod
+    def _valid_networks(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=False)  # raises a clear ValueError
+        return value
+
+    @model_validator(mode="after")
+    def _valid_port_range(self) -> SipConfig:
+        if self.rtp_port_max - self.rtp_port_min < 1:
+            raise ValueError("rtp_port_max must be above rtp_port_min")
+        return self
+
+    @property
+    def contact_host(self) -> str:
+        if self.advertise_host:
+            return self.advertise_host
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+

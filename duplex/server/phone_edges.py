@@ -1,0 +1,125 @@
+"""The phone edges of ``duplex serve``: its command-line options, and starting/stopping the SIP
+server and the Twilio Media Streams endpoint beside the WebRTC edge, on the same sessions."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from duplex.edge.phone.session_agent import session_agents, session_reserve
+from duplex.edge.rate import RateConfig
+from duplex.edge.sip.config import SipConfig
+from duplex.edge.sip.uas import SipServer
+from duplex.edge.twilio.config import TwilioLimits
+from duplex.edge.twilio.stream import TwilioEndpoint
+from duplex.session.manager import SessionManager
+
+log = logging.getLogger(__name__)
+
+
+class PhoneConfig(BaseModel):
+    sip: SipConfig | None = None  # None: no SIP server
+    twilio: bool = False  # mount the Twilio Media Streams WebSocket (/twilio/media-stream)
+    twilio_limits: TwilioLimits = TwilioLimits()  # its timeouts, duration and rate (issue 15)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("phone (SIP/RTP G.711, Twilio Media Streams)")
+    group.add_argument("--sip", metavar="HOST:PORT", nargs="?", const="127.0.0.1:5060",
+                       help="answer SIP calls on UDP HOST:PORT (default 127.0.0.1:5060; port 0 "
+                            "picks a free one, printed)")
+    group.add_argument("--sip-allow", metavar="CIDR", action="append", default=None,
+                       help="sources allowed to call (repeatable; default: loopback only)")
+    group.add_argument("--sip-user", metavar="USER:PASSWORD", action="append", default=[],
+                       help="require SIP digest auth with these credentials (repeatable)")
+    group.add_argument("--sip-advertise", metavar="HOST",
+                       help="address put in Contact and SDP (binding 0.0.0.0, or behind NAT)")
+    group.add_argument("--sip-rtp-ports", metavar="MIN-MAX", default="20000-20999",
+                       help="UDP port range for RTP media (default 20000-20999)")
+    group.add_argument("--twilio", action="store_true",
+                       help="accept Twilio Media Streams WebSockets at /twilio/media-stream")
+    group.add_argument("--sip-trusted", metavar="CIDR", action="append", default=[],
+                       help="SIP peers whose replies are not capped by the anti-amplification "
+                            "budget (your trunk, your SBC; repeatable)")
+    group.add_argument("--sip-ack-timeout-s", type=float, default=4.0,
+                       help="an answered INVITE not ACKed by then is dropped (default 4)")
+    group.add_argument("--twilio-media-timeout-s", type=float, default=10.0,
+                       help="a Twilio stream without media (or without a start) for this long is "
+                            "closed (default 10)")
+
+
+def config_from_args(args: argparse.Namespace) -> PhoneConfig:
+    """Raises ValueError with a readable message on a bad option value."""
+    sip = None
+    if args.sip is not None:
+        host, _, port = args.sip.rpartition(":")
+        low, _, high = args.sip_rtp_ports.partition("-")
+        if not host or not port.isdigit() or not low.isdigit() or not high.isdigit():
+            raise ValueError(f"--sip wants HOST:PORT and --sip-rtp-ports MIN-MAX, got "
+                             f"{args.sip!r} and {args.sip_rtp_ports!r}")
+        users = dict(_credential(value) for value in args.sip_user)
+        extra = {"allow": args.sip_allow} if args.sip_allow else {}
+        sip = SipConfig(host=host.strip("[]"), port=int(port), auth_users=users,
+                        advertise_host=args.sip_advertise, rtp_port_min=int(low),
+                        rtp_port_max=int(high), budget_exempt=args.sip_trusted,
+                        ack_timeout_s=args.sip_ack_timeout_s, **extra, **_shared_limits(args))
+    twilio = TwilioLimits(start_timeout_s=args.twilio_media_timeout_s,
+                          media_timeout_s=args.twilio_media_timeout_s, **_shared_limits(args),
+                          **({"limit_loopback": True} if getattr(args, "limit_loopback", False) else {}))
+    return PhoneConfig(sip=sip, twilio=args.twilio, twilio_limits=twilio)
+
+
+def _shared_limits(args: argparse.Namespace) -> dict:
+    """The doors' common settings (``edge/door_args``: --call-rate ..., --max-call-s), when
+    the command line has them: the phone doors use the same values."""
+    fields: dict = {}
+    if getattr(args, "call_rate", None) is not None:
+        fields["rate"] = RateConfig(per_source=args.call_rate, source_burst=args.call_burst,
+                                    total=args.call_rate_total,
+                                    total_burst=max(args.call_burst, round(args.call_rate_total / 10)))
+    if getattr(args, "max_call_s", None) is not None:
+        fields["max_call_s"] = args.max_call_s
+    return fields
+
+
+def _credential(value: str) -> tuple[str, str]:
+    user, colon, password = value.partition(":")
+    if not colon or not user or not password:
+        raise ValueError(f"--sip-user wants USER:PASSWORD, got {value!r}")
+    return user, password
+
+
+class PhoneEdges:
+    def __init__(self, config: PhoneConfig, sessions: SessionManager) -> None:
+        agents = session_agents(sessions)
+        self.sip = (SipServer(config.sip, agents, session_reserve(sessions))
+                    if config.sip is not None else None)
+        self.twilio = TwilioEndpoint(agents, config.twilio_limits) if config.twilio else None
+
+    @property
+    def needs_websockets(self) -> bool:
+        return self.twilio is not None
+
+    async def start(self, app: FastAPI) -> None:
+        if self.twilio is not None:
+            app.include_router(self.twilio.router())
+        if self.sip is not None:
+            await self.sip.start()
+            host, port = self.sip.address
+            print(f"duplex: SIP on udp {host}:{port}", flush=True)
+
+    def stats_providers(self) -> dict[str, Callable[[], dict]]:
+        providers: dict[str, Callable[[], dict]] = {}
+        if self.sip is not None:
+            providers["sip"] = self.sip.stats
+        if self.twilio is not None:
+            providers["twilio"] = self.twilio.stats
+        return providers
+
+    async def close(self) -> None:
+        if self.sip is not None:
+            await self.sip.stop()
