@@ -1,6 +1,6 @@
 """Sample-rate and channel conversion of PCM audio: the one wrapper around PyAV's resampler
 (libswresample), below every layer, so the edge, the session, the model families and the tools
-share it. It imports nothing of duplex.
+share it, with the session rate (``SESSION_RATE``). It imports nothing of duplex.
 
 ``Resampler`` is for streams: it keeps the filter's state between calls, so a stream of 20 ms
 frames converts without seams; ``flush`` returns the filter's tail at the end of the stream.
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import av
 import numpy as np
+
+SESSION_RATE = 16000  # caller audio, in the session and into the first stage: 16 kHz mono
 
 _FORMATS = {np.dtype(np.int16): "s16", np.dtype(np.float32): "flt"}
 _LAYOUTS = {1: "mono", 2: "stereo"}

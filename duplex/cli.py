@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from importlib.metadata import entry_points
 
 from duplex.config import ConfigError, check_pipeline, load_pipeline
 
@@ -37,15 +38,19 @@ TOOLS_MISSING = ("the benchmarks and the scenario runner are the separate duplex
                  "from the checkout with `pip install -e tools` (or `bash scripts/setup.sh --test`)")
 
 
-def _tools_cli():
-    """The tools' command registrations, or None where duplex-tools is not installed."""
-    try:
-        from duplex_tools import cli as tools
-    except ModuleNotFoundError as exc:
-        if exc.name != "duplex_tools":  # the tools are there but broken: say so, do not hide it
-            raise
-        return None
-    return tools
+def _plugin_command(name: str) -> Callable[[argparse._SubParsersAction], None] | None:
+    """The registration of command ``name`` that an installed package declares as an entry point
+    (group ``duplex.commands``: duplex-tools declares ``bench`` and ``scenario``), or None where
+    none is installed. The product imports no tools module by name."""
+    for point in entry_points(group="duplex.commands", name=name):
+        try:
+            return point.load()
+        except ModuleNotFoundError as exc:
+            # declared but not importable: the package is gone (only its metadata is left)
+            # when it or the declared module is missing; anything else is a broken install: say so
+            if exc.name not in (point.module.partition(".")[0], point.module):
+                raise
+    return None
 
 
 def _tools_missing(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -59,11 +64,11 @@ def _add_missing_tool(sub: argparse._SubParsersAction, name: str, help_text: str
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    tools = _tools_cli()
-    if tools is None:
+    add = _plugin_command("bench")
+    if add is None:
         _add_missing_tool(sub, "bench", "benchmarks that print tables (and --json results)")
     else:
-        tools.add_bench(sub)
+        add(sub)
 
 
 def _add_model(sub: argparse._SubParsersAction) -> None:
@@ -77,11 +82,11 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_scenario(sub: argparse._SubParsersAction) -> None:
-    tools = _tools_cli()
-    if tools is None:
+    add = _plugin_command("scenario")
+    if add is None:
         _add_missing_tool(sub, "scenario", "scripted conversations against a live server")
     else:
-        tools.add_scenario(sub)
+        add(sub)
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:

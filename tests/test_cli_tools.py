@@ -1,7 +1,11 @@
-"""`duplex bench` and `duplex scenario` come from the separate duplex-tools package: with it they
-run; without it they say how to install it instead of failing with a traceback."""
+"""`duplex bench` and `duplex scenario` come from the separate duplex-tools package, found through
+its entry points (group ``duplex.commands``): with it they run; without it they say how to install
+it instead of failing with a traceback. The product imports no tools module."""
 
+import ast
 import sys
+from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
@@ -19,3 +23,19 @@ def test_with_the_tools_the_commands_are_theirs():
     parser = build_parser()
     assert parser.parse_args(["bench", "relay"]).func.__module__ == "duplex_tools.bench.relay"
     assert parser.parse_args(["scenario", "run", "--url", "http://x"]).func.__module__ == "duplex_tools.scenario.cli"
+
+
+def test_the_tools_declare_their_commands_as_entry_points():
+    declared = {point.name: point.value for point in entry_points(group="duplex.commands")}
+    assert declared == {"bench": "duplex_tools.cli:add_bench", "scenario": "duplex_tools.cli:add_scenario"}
+
+
+def test_the_product_imports_no_tools_module():
+    package = Path(__file__).resolve().parents[1] / "duplex"
+    found = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(package)}: {name}" for name in names if name.startswith("duplex_tools")]
+    assert found == []

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from duplex.audio import SESSION_RATE  # caller audio into the first stage (models read it here)
 from duplex.runtime.per_session import RecentSessions, heard_cut, heard_part  # noqa: F401 (re-exported for models)
 
 if TYPE_CHECKING:
     from duplex.runtime.kv_cache import KVPrefix, SlotBatch, SlotKVCache  # noqa: F401 (see __getattr__)
 
-SESSION_RATE = 16000  # caller audio, in the session and into the first stage: 16 kHz mono
 VAD_FRAME_MS = 20  # the session's default voice-activity frame (``CallerAudio.frame_ms`` says)
 
 

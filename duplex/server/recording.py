@@ -24,8 +24,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from duplex.audio import Resampler
-from duplex.runtime.contract import SESSION_RATE
+from duplex.audio import SESSION_RATE, Resampler
 from duplex.session import events as ev
 from duplex.session.clock import InputClock
 from duplex.session.playout import OutputFormat

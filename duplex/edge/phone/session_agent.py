@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from duplex.audio import SESSION_RATE
 from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo, Reserve
-from duplex.runtime.contract import SESSION_RATE
 from duplex.session import events as ev
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.playout import OutputFormat

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from duplex.audio import Resampler
+from duplex.audio import SESSION_RATE, Resampler
 from duplex.edge.media import g711
-from duplex.runtime.contract import SESSION_RATE
 from duplex.session import events as ev
 from duplex.session.client_items import ItemError
 from duplex.session.playout import OutputFormat

@@ -14,8 +14,7 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-from duplex.audio import Resampler
-from duplex.runtime.contract import SESSION_RATE
+from duplex.audio import SESSION_RATE, Resampler
 from duplex.session.pacing import FramePacer
 from duplex.session.playout import OutputFormat
 
