@@ -1,4 +1,5 @@
-"""Fails (exit 1) when modules of the duplex package import each other in a cycle, counting every
+"""Fails (exit 1) when modules of the duplex package or of the tools (duplex_tools) import each other
+in a cycle, counting every
 import statement: TYPE_CHECKING blocks and imports inside functions too (import-linter's layers
 see only the module graph; a function-level import is still a dependency)."""
 
@@ -9,14 +10,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("duplex",)
+PACKAGES = (ROOT / "duplex", ROOT / "tools" / "duplex_tools")  # each named from the folder it sits in
 
 
 def module_files() -> dict[str, Path]:
     mods = {}
     for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in package.rglob("*.py"):
+            name = ".".join(path.relative_to(package.parent).with_suffix("").parts)
             mods[name.removesuffix(".__init__")] = path
     return mods
 

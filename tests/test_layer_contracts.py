@@ -63,14 +63,18 @@ def test_a_violation_breaks_its_contract(tree: Path, module: str, source: str, c
     assert any(contract in line for line in broken), result.stdout
 
 
-def test_an_import_cycle_is_found(tree: Path) -> None:
+@pytest.mark.parametrize("package", ["duplex/config", "tools/duplex_tools/bench"])
+def test_an_import_cycle_is_found(tree: Path, package: str) -> None:
     shutil.copytree(ROOT / "scripts", tree / "scripts")
+    shutil.copytree(ROOT / "tools" / "duplex_tools", tree / "tools" / "duplex_tools",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     clean = subprocess.run([sys.executable, str(tree / "scripts" / "import_cycles.py")], capture_output=True,
                            text=True, timeout=60)
     assert clean.returncode == 0, clean.stdout
-    (tree / "duplex" / "config" / "_a.py").write_text("def f():\n    from duplex.config import _b\n")
-    (tree / "duplex" / "config" / "_b.py").write_text("from duplex.config import _a\n")
+    dotted = package.removeprefix("tools/").replace("/", ".")
+    (tree / package / "_a.py").write_text(f"def f():\n    from {dotted} import _b\n")
+    (tree / package / "_b.py").write_text(f"from {dotted} import _a\n")
     cyclic = subprocess.run([sys.executable, str(tree / "scripts" / "import_cycles.py")], capture_output=True,
                             text=True, timeout=60)
     assert cyclic.returncode == 1
-    assert "duplex.config._a <-> duplex.config._b" in cyclic.stdout
+    assert f"{dotted}._a <-> {dotted}._b" in cyclic.stdout

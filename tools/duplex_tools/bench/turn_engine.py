@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import os
 
-from duplex_tools.bench import turn
+from duplex_tools.bench import turn_pipeline
 from duplex_tools.bench.report import table
 
 
@@ -38,14 +38,14 @@ async def measure(args: argparse.Namespace, overrides: list[str]) -> dict:
         for name, extra in (("local", []), ("engine", ["--thinker.args.base_url", url, "--thinker.args.model", model])):
             args.config = name
             print(f"== {name}", flush=True)
-            results[name] = await turn.measure(args, [*overrides, *extra])
+            results[name] = await turn_pipeline.measure(args, [*overrides, *extra])
         return {"engine": {"base_url": url, "model": model}, "cpus": os.cpu_count(), "pipelines": results}
 
 
 def render(results: dict) -> str:
     pipelines = results["pipelines"]
     rows = []
-    for key in (*turn.SPLITS, "ttfa"):
+    for key in (*turn_pipeline.SPLITS, "ttfa"):
         row: list = [key]
         for name in ("local", "engine"):
             summary = pipelines[name]["summary"][key]
