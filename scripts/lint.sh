@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The habits that keep the house in order: layer contracts (import-linter), ruff, a type checker on the
-# runtime, the session and the contract module, no import cycles, no file over 500 lines, and the docs
+# The habits that keep the house in order: layer contracts (import-linter), ruff, a type checker on
+# duplex/ and tools/ (mypy.ini), no import cycles (tools too), no file over 500 lines, and the docs
 # (the README's size and links, the site built in strict mode: scripts/docs.sh).
 # Run from scripts/test.sh before the suite; needs the venv from scripts/setup.sh --test.
 set -euo pipefail
@@ -10,8 +10,8 @@ echo "== lint: layer contracts"
 lint-imports --no-cache
 echo "== lint: ruff"
 ruff check duplex tools tests
-echo "== lint: mypy (runtime, session, contract)"
-mypy duplex/runtime duplex/session
+echo "== lint: mypy (duplex, tools)"
+mypy duplex tools/duplex_tools
 echo "== lint: import cycles"
 python scripts/import_cycles.py
 echo "== lint: file sizes"

@@ -5,6 +5,7 @@ audio streamed into it, its terminal outputs read back as contract items, its en
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import cast
 
 from duplex.runtime.contract import CallerAudio, Payload, Request
 from duplex.runtime.coordinator import Coordinator
@@ -34,7 +35,7 @@ class CoordinatorTurn:
         async for event in self._handle:
             if isinstance(event, OutputChunk):
                 if isinstance(event.data, Payload):  # a stage's bare end-of-stream carries none
-                    yield event.data
+                    yield cast(TurnEvent, event.data)  # the stages' outputs are the turn's items
             elif isinstance(event, RequestFinished):
                 yield TurnEnded(status=_STATUS.get(event.status, TurnStatus.FAILED), error=event.error)
 

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import cast
 
 import av
 import httpx
@@ -192,7 +193,7 @@ class RealtimeClient:
     async def _listen(self, track: MediaStreamTrack) -> None:
         while True:
             try:
-                frame = await track.recv()
+                frame = cast(av.AudioFrame, await track.recv())  # an audio track's frames
             except MediaStreamError:
                 return
             pcm = frame.to_ndarray().reshape(-1, len(frame.layout.channels)).mean(axis=1) / 32768.0

@@ -84,9 +84,10 @@ class DoorGuard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         refusal = self._check_names(headers)
         if refusal is None and scope["type"] == "http":
-            receive, refusal = await self._read_body(headers, receive)
-            if receive is None:
+            replay, refusal = await self._read_body(headers, receive)
+            if replay is None:
                 return  # the client went away while sending its body
+            receive = replay
         if refusal is not None:
             await deny(scope, receive, send, refusal)
             return

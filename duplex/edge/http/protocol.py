@@ -86,7 +86,8 @@ def guarded_protocol(limits: HttpLimits) -> type[H11Protocol]:
                 return f"the server holds {cap} connections; try later"
             source = self.client[0] if self.client else None
             if source is not None:
-                mine = sum(1 for c in open_now if getattr(c, "client", None) and c.client[0] == source)
+                clients = (getattr(c, "client", None) for c in open_now)  # any uvicorn protocol's peer
+                mine = sum(1 for client in clients if client and client[0] == source)
                 if mine > limits.max_connections_per_source:
                     return f"{limits.max_connections_per_source} connections from this address are open already"
             return None

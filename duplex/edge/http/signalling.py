@@ -3,7 +3,7 @@ fields ``sdp`` and optional ``session`` (JSON), within a size limit."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import msgspec
@@ -52,7 +52,7 @@ async def _read_limited(request: Request) -> bytes:
 
 
 async def _read_multipart(request: Request, body: bytes) -> CallRequest:
-    async def replay() -> AsyncIterator[bytes]:
+    async def replay() -> AsyncGenerator[bytes, None]:
         yield body
 
     try:

@@ -46,7 +46,9 @@ def canonical_name(name: str) -> str:
 
 def split_list(value: str) -> list[str]:
     """Split a header value on commas outside quotes and angle brackets."""
-    parts, current, quoted, angle = [], [], False, 0
+    parts: list[str] = []
+    current: list[str] = []
+    quoted, angle = False, 0
     for char in value:
         if char == '"':
             quoted = not quoted

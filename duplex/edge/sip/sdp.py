@@ -69,7 +69,8 @@ def parse_sdp(body: bytes) -> SessionDescription:
     lines = [line.strip() for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
     if not lines or lines[0] != "v=0":
         raise SdpError("SDP must start with v=0")
-    origin, connection, direction, media = "", None, "sendrecv", []
+    origin, connection, direction = "", None, "sendrecv"
+    media: list[MediaLine] = []
     for line in lines[1:]:
         if len(line) < 2 or line[1] != "=":
             raise SdpError(f"bad SDP line {line[:60]!r}")

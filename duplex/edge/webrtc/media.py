@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from fractions import Fraction
+from typing import cast
 
 import av
 import numpy as np
@@ -76,7 +77,7 @@ class InputPump:
     async def run(self) -> None:
         while True:
             try:
-                frame = await self._track.recv()
+                frame = cast(av.AudioFrame, await self._track.recv())  # an audio track's frames
             except MediaStreamError:
                 return
             except asyncio.CancelledError:

@@ -48,9 +48,9 @@ _HOP = 160  # mel frames are 10 ms
 class StreamingPolicy:
     partial_interval_s: float = 1.0
     settle_s: float = 0.2
-    min_window_s: float = Field(3.0, gt=0, le=30)
-    window_margin_s: float = Field(1.0, ge=0)  # room after the utterance (a word cut at the edge is lost)
-    window_step_s: float = Field(1.0, gt=0)  # windows come in these steps, so batched finals share a shape
+    min_window_s: float = Field(default=3.0, gt=0, le=30)
+    window_margin_s: float = Field(default=1.0, ge=0)  # room after the utterance (a word cut at the edge is lost)
+    window_step_s: float = Field(default=1.0, gt=0)  # windows come in these steps, so batched finals share a shape
     commit_after_s: float = 25.0
     min_speech_s: float = 0.09  # voiced audio that counts as "speech happened"
     # Partials are a luxury (a warm thinker prefill, a live caption); finals are the critical
@@ -65,9 +65,9 @@ class LoopGuard:
     """How a short window is kept from looping (see the module's doc): per window length, so
     every clip of a batch (one window) decodes as it would alone."""
 
-    below_s: float = Field(5.0, ge=0)  # windows shorter than this decode with the repetition penalty
-    repetition_penalty: float = Field(1.3, ge=1)
-    tokens_per_s: float = Field(8.0, gt=0)  # decode cap per second of window
+    below_s: float = Field(default=5.0, ge=0)  # windows shorter than this decode with the repetition penalty
+    repetition_penalty: float = Field(default=1.3, ge=1)
+    tokens_per_s: float = Field(default=8.0, gt=0)  # decode cap per second of window
 
     def penalty(self, window_s: float) -> float:
         return self.repetition_penalty if window_s < self.below_s else 1.0

@@ -108,7 +108,7 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
 
 
 def _package_data(package: str) -> Path:
-    return Path(files(import_module(package).__name__).joinpath("data"))
+    return Path(str(files(import_module(package).__name__).joinpath("data")))  # a package on disk
 
 
 def _join_whisper(out: Path) -> None:

@@ -46,9 +46,10 @@ class SpeakableHead(nn.Module):
     def __init__(self, weight: torch.Tensor, token_ids: list[int], quantize_int8: bool = True) -> None:
         super().__init__()
         self.vocab_size = weight.shape[0]
-        self.register_buffer("token_ids", torch.tensor(token_ids, dtype=torch.long), persistent=False)
+        ids = torch.tensor(token_ids, dtype=torch.long)
+        self.register_buffer("token_ids", ids, persistent=False)
         head = nn.Linear(weight.shape[1], len(token_ids), bias=False)
-        head.weight = nn.Parameter(weight.detach()[self.token_ids].clone(), requires_grad=False)
+        head.weight = nn.Parameter(weight.detach()[ids].clone(), requires_grad=False)
         self.head = _int8(head) if quantize_int8 else head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

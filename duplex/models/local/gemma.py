@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -60,7 +61,7 @@ class GemmaModel:
         have outliers); int8 on the output layer alone keeps the greedy replies."""
         weight = self.model.get_output_embeddings().weight
         if vocabulary == "speakable":
-            pieces = self.tokenizer.convert_ids_to_tokens(list(range(weight.shape[0])))
+            pieces = cast(list[str | None], self.tokenizer.convert_ids_to_tokens(list(range(weight.shape[0]))))
             ids = speakable_token_ids(pieces, always=self.stop_ids)
         elif quantize == "int8":
             ids = list(range(weight.shape[0]))

@@ -31,7 +31,7 @@ worker. ``plan`` fixes each row's positions without reading earlier results (loo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -139,7 +139,7 @@ class GemmaThinker:
         if isinstance(request, SessionEnd):
             self.forget_session(session_id)
         else:
-            self.edit_history(session_id, request)
+            self.edit_history(session_id, cast(TurnRequest, request))  # a probe never reaches the thinker
 
     def forget_session(self, session_id: str) -> None:
         self.histories.forget(session_id)
@@ -336,7 +336,7 @@ class GemmaThinker:
         may_stop = len(row.generated) >= self.settings.min_new_tokens
         line, newline = "", False
         if token not in self._stop_ids or not may_stop:
-            decoded = self.model.tokenizer.decode(row.generated, skip_special_tokens=True)
+            decoded = cast(str, self.model.tokenizer.decode(row.generated, skip_special_tokens=True))
             if may_stop:
                 line, separator, _ = decoded.partition("\n")
             else:  # too short to stop: a line break is just a space

@@ -4,11 +4,11 @@ relay bench. Each builder returns a ``simple`` computation: fn(items, states) ->
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from duplex.runtime.contract import BuildContext, Payload, WorkItem
+from duplex.runtime.contract import BuildContext, Payload, TurnRequest, WorkItem
 
 
 class Blob(Payload, tag="toy.Blob"):
@@ -89,7 +89,7 @@ def build_blob_source(ctx: BuildContext):
         out = []
         for item, state in zip(items, states):
             state["sent"] = state.get("sent", 0) + 1
-            blob = np.full(int(item.params.options["nbytes"]), 7, dtype=np.uint8)
+            blob = np.full(int(cast(TurnRequest, item.params).options["nbytes"]), 7, dtype=np.uint8)
             out.append([Blob(blob, index=state["sent"] - 1, t0=time.monotonic_ns())])
         return out
 

@@ -103,7 +103,8 @@ class Voice:
         self.pace = pace
 
     def __call__(self, items: list[WorkItem], states: list[dict]) -> list[list[Any]]:
-        outputs, seconds = [], 0.0
+        outputs: list[list[Any]] = []
+        seconds = 0.0
         for item, state in zip(items, states):
             word = item.data.text if isinstance(item.data, AgentText) else ""
             if not word:

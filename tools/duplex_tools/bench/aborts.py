@@ -44,7 +44,7 @@ async def _one(coord, point: str, seed: int) -> dict:
             break
     aborted = time.monotonic()
     coord.abort(handle.request_id)
-    last_busy, holders = aborted, {}
+    last_busy, holders = aborted, dict[str, dict]()
     while time.monotonic() - aborted < MAX_POLL_S:
         stats = await coord.stats()
         if all(view.held == 0 for view in stats.values()):

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         for name, (flags, scrape) in METRICS_VARIANTS.items():
             print(f"{name}: starting the server ...", file=sys.stderr, flush=True)
             with ServerProcess(base + flags) as server:
+                assert server.url is not None
                 report["variants"][name] = asyncio.run(_measure_scraped(server.url, args.rounds, scrape))
         return _report(report, "server", "metrics off / on (p50)")
     for name, low_latency in VARIANTS.items():
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
             flags.append("--aiortc-jitter-buffer")
         print(f"{name}: starting the server ...", file=sys.stderr, flush=True)
         with ServerProcess(flags) as server:
+            assert server.url is not None
             report["variants"][name] = asyncio.run(measure(server.url, args.rounds, low_latency))
     return _report(report, "receive path", "stock / ours (p50)")
 

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import httpx
 import numpy as np
@@ -99,7 +100,7 @@ async def bench(url: str, args: argparse.Namespace) -> int:
             if index >= args.warmup:
                 turns.append(turn)
             await _wait_idle(url, args.api_key)
-    results = {"url": url, "order": ORDER, "speech_s": round(speech_s, 3), "cpus": os.cpu_count(),
+    results: dict[str, Any] = {"url": url, "order": ORDER, "speech_s": round(speech_s, 3), "cpus": os.cpu_count(),
                "load_avg_1m": os.getloadavg()[0], "turns": [asdict(t) for t in turns], "summary": summarize(turns)}
     print(render(results))
     write_json(args.json_path, results)

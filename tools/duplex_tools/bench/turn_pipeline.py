@@ -22,6 +22,7 @@ import asyncio
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -173,7 +174,7 @@ async def measure(args, overrides: list[str], progress: bool = True) -> dict:
 
 def summarize(turns: list[TurnTiming]) -> dict:
     measured = [t for t in turns if t.seconds]
-    summary = {"turns": len(turns), "turns_with_audio": len(measured)}
+    summary: dict[str, Any] = {"turns": len(turns), "turns_with_audio": len(measured)}
     for key in (*SPLITS, "ttfa"):
         values = [t.seconds[key] for t in measured]
         summary[key] = {"p50": percentile(values, 50), "p95": percentile(values, 95),

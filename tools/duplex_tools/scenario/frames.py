@@ -38,7 +38,7 @@ def frame_quality(rec: Recording, late_ms: float = 60.0) -> FrameQuality:
     stamped = [(at, pts) for at, _, pts in rec.heard if pts is not None]
     if len(stamped) > 1:
         arrivals = np.array([at for at, _ in stamped])
-        steps = np.diff(np.array([pts for _, pts in stamped], dtype=np.int64)) % _WRAP
+        steps = np.mod(np.diff(np.array([pts for _, pts in stamped], dtype=np.int64)), _WRAP)
         lost = int(np.sum(np.maximum(steps // FRAME_SAMPLES - 1, 0)))
         excess = np.diff(arrivals) - steps / RATE
         late = int(np.sum(excess > late_ms / 1000))

@@ -54,7 +54,8 @@ class _ScenarioCall:
         self.exclusive = exclusive
         self.recording = Recording(scenario.name)
         self.client = RealtimeClient(url)
-        self.client.mic = RecordingMic(scenario.echo_gain)
+        self.mic = RecordingMic(scenario.echo_gain)
+        self.client.mic = self.mic
         self.stats = ServerStats(url)
         self.watchers: list[asyncio.Task] = []
         self.phase = "connecting"  # what the call was doing, for error messages
@@ -86,7 +87,7 @@ class _ScenarioCall:
         await asyncio.gather(*self.watchers, return_exceptions=True)
         recording, client = self.recording, self.client
         recording.hangup_status = await _hang_up(client)
-        recording.sent = list(client.mic.sent)
+        recording.sent = list(self.mic.sent)
         recording.heard = [(h.at, h.rms, h.pts) for h in client.heard]
         recording.events = list(client.events)
         recording.finished_at = time.monotonic()
