@@ -12,7 +12,7 @@ The edge (codec, RTP/WebRTC pacing, network) is not in this loop; its share is m
 edge's own benchmarks. Turns run one after another, each in a fresh session (a first turn: no
 history to prefill) unless ``--same-session``.
 
-The utterances and their audio (``utterance_audio``) are shared with ``turn_session.py`` and
+The utterances and their audio (``_utterance_audio``) are shared with ``turn_session.py`` and
 ``turn_engine.py``.
 """
 
@@ -55,7 +55,7 @@ class TurnTiming:
     agent_audio_s: float = 0.0
 
 
-def utterance_audio() -> list[tuple[str, np.ndarray, int]]:
+def _utterance_audio() -> list[tuple[str, np.ndarray, int]]:
     """(text, 16 kHz audio, sample index where speech ends) per utterance, made with Piper."""
     from duplex.models.local.assets import piper_voice_paths
     from duplex.models.local.tts import PiperSynth
@@ -143,7 +143,7 @@ async def measure(args, overrides: list[str], progress: bool = True) -> dict:
     from duplex.models.registry import BUILDERS
     from duplex.runtime.coordinator import Coordinator
 
-    utterances = utterance_audio()
+    utterances = _utterance_audio()
     cfg = load_pipeline(args.config, overrides)
     load_before = os.getloadavg()[0]
     turns: list[TurnTiming] = []

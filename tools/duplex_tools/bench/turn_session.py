@@ -117,9 +117,9 @@ async def measure(args, overrides: list[str], progress: bool = True) -> dict:
     from duplex.server.metrics import ServerMetrics
     from duplex.server.runtime_adapter import CoordinatorRuntime
     from duplex.session.manager import SessionManager
-    from duplex_tools.bench.turn_pipeline import utterance_audio
+    from duplex_tools.bench.turn_pipeline import _utterance_audio
 
-    utterances = utterance_audio()
+    utterances = _utterance_audio()
     cfg = load_pipeline(args.config, overrides)
     metrics_cost = getattr(args, "metrics_cost", False)
     configs = mode_configs(cfg.session)
