@@ -1,7 +1,7 @@
-"""Fails (exit 1) when modules of the duplex package or of the tools (duplex_tools) import each other
-in a cycle, counting every
-import statement: TYPE_CHECKING blocks and imports inside functions too (import-linter's layers
-see only the module graph; a function-level import is still a dependency)."""
+"""Fails (exit 1) when modules of the duplex package or of the tools (duplex_tools) import each
+other in a cycle, counting every import statement: TYPE_CHECKING blocks and imports inside
+functions too (import-linter's layers see only the module graph; a function-level import is still
+a dependency)."""
 
 from __future__ import annotations
 
