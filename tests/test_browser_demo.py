@@ -94,6 +94,7 @@ def test_demo_page_talks_with_the_agent(server, fake_mic, tmp_path):
                                        ".filter(td => td.cellIndex === 3 && td.textContent.endsWith('ms'))"
                                        ".map(td => parseInt(td.textContent))")
             print(f"\ndemo page: barge-in stop heard in the browser: {heard_stop} ms")
+            _switch_turn_detection(page)
             page.screenshot(path=str(os.environ.get("DUPLEX_SCREENSHOT") or tmp_path / "demo.png"))
             page.click("#hangup")
             page.wait_for_function("document.querySelector('#state').dataset.state === 'disconnected'", timeout=10000)
@@ -103,3 +104,28 @@ def test_demo_page_talks_with_the_agent(server, fake_mic, tmp_path):
     while httpx.get(server.url + "/duplex/stats").json()["sessions"]["live"] != 0:
         assert time.monotonic() < deadline, "the page's hang-up did not end the session"
         time.sleep(0.05)
+
+
+def _switch_turn_detection(page) -> None:
+    """The page shows the call's turn detection (toy-voice's sessions: silence) as the server
+    described it, and its control asks for another with a session.update that the server confirms
+    with session.updated; the page then shows what the server says, not what it asked."""
+    mode = page.locator("#turn-mode")
+    assert mode.get_attribute("data-mode") == "server_vad", mode.text_content()
+    assert "500 ms of silence" in mode.text_content()
+    assert page.locator("#turn-detection").input_value() == "server_vad"
+    for wanted in ("semantic_vad", "server_vad", "semantic_vad"):  # the screenshot shows the last
+        updates = page.evaluate("window.duplex.events.filter(e => e.type === 'session.updated').length")
+        page.select_option("#turn-detection", wanted)
+        page.wait_for_function(f"window.duplex.events.filter(e => e.type === 'session.updated').length > {updates}",
+                               timeout=10000)
+        sent = page.evaluate("window.duplex.sent.at(-1)")
+        assert sent["type"] == "session.update"
+        assert sent["session"]["audio"]["input"]["turn_detection"] == {"type": wanted}
+        updated = page.evaluate("window.duplex.events.filter(e => e.type === 'session.updated').at(-1)")
+        assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == wanted, updated
+        assert mode.get_attribute("data-mode") == wanted
+        if wanted == "semantic_vad":  # this server has the end-of-turn audio model
+            assert updated["session"]["duplex_turn_end"] == {"audio_model": True}
+            assert mode.get_attribute("data-audio-model") == "true"
+            assert "words and the voice" in mode.text_content()

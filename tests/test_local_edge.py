@@ -24,6 +24,7 @@ from duplex_tools.probes import ask, hear
 from tests.local_helpers import INTERRUPTION, ORDER, speak, voiced_ms
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("loopback_candidates")]
+SILENCE_TURNS = {"turn_detection": {"type": "server_vad"}}  # the pipeline's sessions default to semantic_vad
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def order() -> np.ndarray:
 def overlaps() -> tuple[np.ndarray, np.ndarray]:
     """ "Uh-huh." and "Sorry," + a pause + "can I ask something else?" (Piper, 48 kHz). The pause
     (Piper's own after the comma, ~240 ms, and 100 ms) is longer than ``resume_ms`` (the sound
-    alone resumes the reply there) and shorter than the silence that ends a turn (one turn)."""
+    alone resumes the reply there) and shorter than the silence that ends a turn (one turn; the test's
+    callers ask for silence-ended turns: a judged pause would hang on Smart Turn's verdict on "Sorry,")."""
     pause = np.zeros(int(48000 * 0.1), np.float32)
     sorry = np.concatenate([speak("Sorry,", rate=48000), pause, speak("can I ask something else?", rate=48000)])
     return speak("Uh-huh.", rate=48000), sorry
@@ -161,7 +163,7 @@ async def test_the_barge_in_hears_the_words_uh_huh_resumes_and_sorry_with_a_paus
     uh_huh, sorry = overlaps
     # the sound alone (words off) resumes the reply in the pause after "Sorry," before the rest cuts it
     deaf = RealtimeClient(server.url)
-    await deaf.connect(session={"barge_in": {"words": False}})
+    await deaf.connect(session={"barge_in": {"words": False}, **SILENCE_TURNS})
     try:
         response_id, _ = await _overlap(deaf, question, [sorry])
         assert [r["response_id"] for r in deaf.of_type("duplex.response.resumed")] == [response_id]
@@ -170,7 +172,7 @@ async def test_the_barge_in_hears_the_words_uh_huh_resumes_and_sorry_with_a_paus
     await _wait_idle(server.url)
     asr_before = (await _stats(server.url))["stages"]["asr"]["counters"]["admitted"]
     client = RealtimeClient(server.url)
-    await client.connect()
+    await client.connect(session=SILENCE_TURNS)
     try:
         response_id, cut = await _overlap(client, question, [uh_huh, sorry])
         judged = [j for j in client.of_type("duplex.overlap.judged") if j["response_id"] == response_id]

@@ -142,6 +142,9 @@ def test_the_last_word_rule():
     assert words_hang("I would like a large, um") and words_hang("can you book a table for")
     assert words_hang("my name is") and not words_hang("my name is Anna.")
     assert not words_hang("") and not words_hang("I'll take that")
+    # a question the ASR wrote as one may end on a preposition or a verb, not on an article or filler
+    assert not words_hang("Could you tell me what time it is?") and not words_hang("Who is it for?")
+    assert not words_hang("What would you like?") and words_hang("Can I get a?") and words_hang("And, um?")
 
 
 def test_words_that_trail_off_hang():

@@ -93,7 +93,7 @@ async def test_a_verdict_waiting_for_words_is_dropped_when_the_caller_speaks_aga
 
 async def test_a_question_the_asr_heard_asked_is_complete_whatever_the_model_says():
     """Smart Turn gave Piper's "Sorry, can I ask something else instead" 0.02; Whisper writes it
-    with a "?". A hanging last word still vetoes ("Can I get a?")."""
+    with a "?". A last word no sentence ends on still vetoes ("Can I get a?")."""
     call, speculation = await _judged_by_sound_before_the_words("sorry can i ask something else instead",
                                                                  "Sorry, can I ask", 0.02)
     speculation.transcript("Sorry, can I ask something else instead?")
@@ -104,6 +104,12 @@ async def test_a_question_the_asr_heard_asked_is_complete_whatever_the_model_say
     speculation.transcript("Can I get a?")
     judgement = await judged(call)
     assert judgement.words_ask and judgement.words_hang and not judgement.complete
+    # ... but a question may end on a verb or a preposition (Smart Turn gave espeak's 0.13)
+    call, speculation = await _judged_by_sound_before_the_words("could you tell me what time it is",
+                                                                 "Could you tell me what", 0.13)
+    speculation.transcript("Could you tell me what time it is?")
+    judgement = await judged(call)
+    assert judgement.words_ask and not judgement.words_hang and judgement.complete
     call, speculation = await _judged_by_sound_before_the_words("i would like a tea", "I would like", 0.02)
     speculation.transcript("I would like a tea.")
     judgement = await judged(call)

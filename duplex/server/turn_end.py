@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -40,15 +42,22 @@ class LazyTurnEnd:
             self._loading.result().close()
 
 
-def load_turn_end_model(eager: bool) -> LazyTurnEnd | None:
-    """Smart Turn where its wheel is installed (``eager``: start loading now); None (semantic
-    turns judge by words only) where it is not."""
+def load_turn_end_model(eager: bool, locate: Callable[[], Path] = smart_turn_path) -> LazyTurnEnd | None:
+    """Smart Turn where its wheel is installed (``eager``: the pipeline's sessions judge turns by
+    default, start loading now); None (semantic turns judge by words only, and say so in
+    ``session.created``) where it is not. ``locate`` finds the model file."""
     try:
-        smart_turn_path()
+        locate()
         if importlib.util.find_spec("onnxruntime") is None:
             raise SmartTurnUnavailable("semantic end of turn needs onnxruntime (scripts/setup.sh --local)")
     except SmartTurnUnavailable as exc:
-        log.warning("semantic_vad turns will be judged by their words only: %s", exc)
+        if eager:
+            log.warning("no end-of-turn audio model (Smart Turn): this pipeline's sessions end turns by meaning "
+                        "(semantic_vad) and will judge them by their words only, ending fewer turns early and "
+                        "waiting out more pauses: %s", exc)
+        else:
+            log.warning("no end-of-turn audio model (Smart Turn): sessions that ask for semantic_vad will judge "
+                        "turns by their words only: %s", exc)
         return None
     model = LazyTurnEnd()
     if eager:

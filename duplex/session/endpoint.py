@@ -38,21 +38,28 @@ class TurnEndModel(Protocol):
     async def complete_probability(self, audio: np.ndarray) -> float: ...
 
 
-# Words an English turn rarely ends on: fillers, articles, conjunctions, prepositions, possessives,
-# a contraction or verb waiting for the rest. Kept short: a word here vetoes the model's "complete".
-HANGING_WORDS = frozenset(("um", "uh", "er", "erm", "ah", "the", "a", "an", "and", "but", "or", "because", "if",
-                           "than", "to", "of", "for", "with", "at", "from", "by", "about", "into", "my", "your",
-                           "our", "their", "its", "i'd", "i'm", "i'll", "we're", "you're", "want", "like", "is"))
+# Words an English turn rarely ends on. Kept short: a word here vetoes the model's "complete".
+# No sentence ends on these, asked or told: fillers, articles, conjunctions, possessives, a
+# contraction waiting for its verb ("Can I get a?" is cut short whatever the ASR wrote).
+NEVER_LAST = frozenset(("um", "uh", "er", "erm", "ah", "the", "a", "an", "and", "but", "or", "because", "if",
+                        "than", "my", "your", "our", "their", "its", "i'd", "i'm", "i'll", "we're", "you're"))
+# A statement rarely ends on these, but a question often does: a stranded preposition ("Who is it
+# for?", "What are you looking at?") or verb ("What would you like?", "Could you tell me what time
+# it is?"), so in a transcript the ASR wrote as a question they do not hang.
+HANGING_WORDS = NEVER_LAST | frozenset(("to", "of", "for", "with", "at", "from", "by", "about", "into", "want",
+                                        "like", "is"))
 _WORD = re.compile(r"[a-z']+")
 
 
 def words_hang(text: str) -> bool:
-    """The transcript stops where a sentence goes on: on a hanging word, or trailing off (the
-    ASR writes "..." where the voice stops mid-sentence: Whisper on Piper's "I would like to
-    order a large" cut from the whole sentence, "." where it was read alone)."""
+    """The transcript stops where a sentence goes on: on a hanging word (of a question, only on
+    one no sentence ends on), or trailing off (the ASR writes "..." where the voice stops
+    mid-sentence: Whisper on Piper's "I would like to order a large" cut from the whole sentence,
+    "." where it was read alone)."""
     words = _WORD.findall(text.lower())
     trails_off = text.rstrip(" \"')").endswith(("...", "\u2026"))
-    return bool(words) and (words[-1] in HANGING_WORDS or trails_off)
+    hanging = NEVER_LAST if asks(text) else HANGING_WORDS
+    return bool(words) and (words[-1] in hanging or trails_off)
 
 
 def closes(text: str) -> bool:

@@ -33,6 +33,9 @@ def describe_session(session: VoiceSession, model: str) -> dict:
             "output_modalities": ["audio"] if session.items.output_audio else ["text"],
             "preemptive_generation": session.config.preemptive_generation.model_dump(),
             "barge_in": session.config.barge_in.model_dump(),
+            # ours: semantic_vad turns are judged by the sound of their end too (Smart Turn), or, on a
+            # server without that model, by their words only
+            "duplex_turn_end": {"audio_model": session.judge.model is not None},
             **session.tools.describe(),
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": SESSION_RATE},
                                 "turn_detection": turn_detection},

@@ -9,7 +9,7 @@ const ONSET_RMS = 0.02;        // microphone level that counts as the caller sta
 
 // Exposed for automated checks (and curious people with a console open).
 window.duplex = {
-  events: [], userTranscripts: [], agentPeak: 0, connected: false,
+  events: [], sent: [], userTranscripts: [], agentPeak: 0, connected: false,
   peer: () => pc, audioContext: () => audioCtx,
 };
 
@@ -97,6 +97,10 @@ function onServerEvent(event) {
   switch (event.type) {
     case "session.created":
       $("model").textContent = event.session.model;
+      showTurnDetection(event.session);
+      break;
+    case "session.updated":
+      showTurnDetection(event.session);
       break;
     case "duplex.state":
       setState(event.state);
@@ -132,6 +136,40 @@ function onServerEvent(event) {
       console.warn("duplex error:", event.error);
       break;
   }
+}
+
+// How the call's turns end, as the server describes its session (session.created / updated):
+// semantic_vad (the words and the voice say the caller is done), server_vad (a silence), or
+// none (the client commits). A server without the end-of-turn audio model judges by words only.
+const TURN_MODES = { semantic_vad: "end of turn by meaning (semantic_vad)", server_vad: "end of turn by silence (server_vad)" };
+
+function showTurnDetection(session) {
+  const detection = session.audio && session.audio.input ? session.audio.input.turn_detection : null;
+  const mode = detection ? detection.type : "none";
+  const label = $("turn-mode");
+  delete label.dataset.audioModel;
+  if (mode === "semantic_vad") {
+    const audioModel = !session.duplex_turn_end || session.duplex_turn_end.audio_model !== false;
+    label.dataset.audioModel = String(audioModel);
+    label.textContent = "this call: semantic_vad, judged by " + (audioModel ? "the words and the voice"
+      : "the words only (this server has no end-of-turn audio model)");
+  } else if (mode === "server_vad") {
+    label.textContent = `this call: server_vad, turns end after ${detection.silence_duration_ms} ms of silence`;
+  } else {
+    label.textContent = "this call: turn_detection null, the client commits its turns";
+  }
+  label.dataset.mode = mode;
+  if (mode in TURN_MODES) $("turn-detection").value = mode;
+  $("turn-detection").disabled = !(mode in TURN_MODES);
+}
+
+function askTurnDetection() {
+  if (!channel || channel.readyState !== "open") return;
+  const session = { type: "realtime", audio: { input: { turn_detection: { type: $("turn-detection").value } } } };
+  const event = { type: "session.update", session };
+  window.duplex.sent.push(event);
+  channel.send(JSON.stringify(event));
+  $("turn-mode").textContent = "asking for " + TURN_MODES[$("turn-detection").value] + " ...";
 }
 
 function rms(analyser, buffer) {
@@ -250,6 +288,7 @@ async function hangUp() {
   if (audioCtx) audioCtx.close();
   pc = channel = mic = audioCtx = micAnalyser = agentAnalyser = null;
   window.duplex.connected = false;
+  $("turn-detection").disabled = true;
   if (url) await fetch(url, { method: "DELETE", headers: callAuth }).catch(() => {});
   setState("disconnected");
   $("connect").disabled = false;
@@ -258,6 +297,7 @@ async function hangUp() {
 
 $("connect").addEventListener("click", connect);
 $("hangup").addEventListener("click", hangUp);
+$("turn-detection").addEventListener("change", askTurnDetection);
 window.addEventListener("pagehide", () => {
   if (callUrl) fetch(callUrl, { method: "DELETE", keepalive: true, headers: callAuth }).catch(() => {});
 });

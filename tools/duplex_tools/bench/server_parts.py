@@ -43,3 +43,15 @@ def mean_parts_ms(before: Totals | None, after: Totals | None) -> dict[str, floa
         if count > count0:
             means[part] = round(1000 * (total - total0) / (count - count0), 1)
     return means
+
+
+def add_parts(summed: Totals | None, before: Totals | None, after: Totals | None) -> Totals | None:
+    """``summed`` plus the turns between the two reads (None once a read found no metrics)."""
+    if summed is None or before is None or after is None:
+        return None
+    added = dict(summed)
+    for part, (total, count) in after.items():
+        total0, count0 = before.get(part, (0.0, 0.0))
+        old_total, old_count = added.get(part, (0.0, 0.0))
+        added[part] = (old_total + total - total0, old_count + count - count0)
+    return added

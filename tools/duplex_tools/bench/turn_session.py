@@ -122,9 +122,11 @@ async def measure(args, overrides: list[str], progress: bool = True) -> dict:
     utterances = _utterance_audio()
     cfg = load_pipeline(args.config, overrides)
     metrics_cost = getattr(args, "metrics_cost", False)
-    configs = mode_configs(cfg.session)
+    # silence-ended turns (preemption is theirs), whatever the pipeline's sessions default to
+    settings = {**cfg.session, "turn_detection": "server_vad"}
+    configs = mode_configs(settings)
     if metrics_cost:  # both modes as the pipeline sets preemption; what differs is the metrics
-        configs = {mode: SessionConfig.model_validate(cfg.session) for mode in MODES}
+        configs = {mode: SessionConfig.model_validate(settings) for mode in MODES}
     load_before = os.getloadavg()[0]
     turns: list[SessionTurn] = []
     async with Coordinator(cfg, BUILDERS) as coordinator:

@@ -1,7 +1,10 @@
 """`duplex bench turn-taking`: turn-taking in the shape of Full-Duplex-Bench v1, per category,
-three ways side by side against one server, in one run: semantic end of turn
-(``turn_detection: semantic_vad``) with barge-in that listens, the silence rule with barge-in
-that listens, and the first wave's silence rule with "any onset interrupts" (``onset``).
+several ways side by side against one server, in one run: semantic end of turn
+(``turn_detection: semantic_vad``) with barge-in that listens, the silence rule (``server_vad``)
+with barge-in that listens, and the first wave's silence rule with "any onset interrupts"
+(``onset``); ``default`` is what a client that asks for nothing gets (the pipeline's defaults).
+Every mode is played in each round, one after another, so a machine busier at one time weighs on
+every mode alike.
 
 Categories, each a scenario made here and played over WebRTC (Piper or espeak-ng speech, noise
 made at run time) ``--rounds`` times per mode:
@@ -25,18 +28,22 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from duplex.config.loader import load_pipeline
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
+from duplex.session.config import SessionConfig
 from duplex_tools.bench.report import percentile, table, write_json
-from duplex_tools.bench.server_parts import mean_parts_ms, read_parts
+from duplex_tools.bench.server_parts import Totals, add_parts, mean_parts_ms, read_parts
 from duplex_tools.harness import ServerProcess
 from duplex_tools.scenario.measure import ScenarioResult, measure
 from duplex_tools.scenario.model import PIPER, Scenario
 from duplex_tools.scenario.runner import run_scenario
 
+SILENCE = {"type": "server_vad"}  # asked for by name: the bundled pipelines' sessions default to semantic_vad
 MODES = {"semantic + listen": {"turn_detection": {"type": "semantic_vad"}, "barge_in": {"mode": "listen"}},
-         "silence + listen": {"barge_in": {"mode": "listen"}},
-         "silence + onset (first wave)": {"barge_in": {"mode": "onset"}}}
+         "silence + listen": {"turn_detection": SILENCE, "barge_in": {"mode": "listen"}},
+         "silence + onset (first wave)": {"turn_detection": SILENCE, "barge_in": {"mode": "onset"}}}
 MODE_KEYS = {"semantic": "semantic + listen", "silence": "silence + listen", "onset": "silence + onset (first wave)"}
+DEFAULT = "default"  # --modes key: no session settings sent, the pipeline's own defaults
 EARLY = "semantic-early"  # --modes key: semantic turns that speculate at --speculate-ms, before the judgement
 QUESTION = {"say": "Could you tell me a little about your menu today?", "expect": {"reply": True}}
 # the ``question`` category (on request): questions alone, for end of speech -> first audio
@@ -53,7 +60,7 @@ INTERRUPTIONS = ("Sorry, can I ask something else instead", "Wait, actually I wa
 
 def _scenario(name: str, steps: list[dict], session: dict, voice: str) -> Scenario:
     steps = [{**step, "voice": voice} if "say" in step else step for step in steps]
-    return Scenario.model_validate({"name": name, "steps": steps, "session": session,
+    return Scenario.model_validate({"name": name, "steps": steps, "session": session or None,  # {}: send none
                                     "expect": {"max_false_interruptions": None}})
 
 
@@ -80,18 +87,21 @@ def scenarios(session: dict, voice: str) -> list[tuple[str, Scenario]]:
     return made
 
 
-def modes(keys: list[str], speculate_ms: int) -> dict[str, dict]:
-    """The modes ``--modes`` names, by their report names, in the order given."""
+def modes(keys: list[str], speculate_ms: int, default_name: str = DEFAULT) -> dict[str, dict]:
+    """The modes ``--modes`` names, by their report names, in the order given (``default_name``:
+    the report's name for the pipeline's defaults)."""
     chosen = {}
     for key in keys:
-        if key == EARLY:
+        if key == DEFAULT:
+            chosen[default_name] = {}
+        elif key == EARLY:
             detection = {"type": "semantic_vad", "speculate_ms": speculate_ms}
             chosen[f"semantic, speculate at {speculate_ms} ms + listen"] = {"turn_detection": detection,
                                                                              "barge_in": {"mode": "listen"}}
         elif key in MODE_KEYS:
             chosen[MODE_KEYS[key]] = MODES[MODE_KEYS[key]]
         else:
-            raise SystemExit(f"--modes: unknown mode {key!r} (known: {', '.join([*MODE_KEYS, EARLY])})")
+            raise SystemExit(f"--modes: unknown mode {key!r} (known: {', '.join([*MODE_KEYS, EARLY, DEFAULT])})")
     return chosen
 
 
@@ -149,7 +159,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "pipeline's Piper voice) or an espeak-ng voice such as en-us")
     parser.add_argument("--modes", default="semantic,silence,onset",
                         help=f"modes side by side, comma-separated: semantic, silence, onset, {EARLY} "
-                             "(semantic turns speculating at --speculate-ms); default semantic,silence,onset")
+                             f"(semantic turns speculating at --speculate-ms), {DEFAULT} (no session settings "
+                             "sent: the pipeline's own); default semantic,silence,onset")
     parser.add_argument("--speculate-ms", type=int, default=100,
                         help=f"the {EARLY} mode's speculation pause (default 100; the judgement stays at 200)")
     parser.add_argument("--categories", default="pause,backchannel,noise,interruption",
@@ -158,6 +169,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.add_argument("--plot", help="write a PNG of the take-over rates and latencies here")
     parser.set_defaults(func=run, takes_overrides=False)
+
+
+def _default_name(config: str) -> str:
+    """The report's name of the ``default`` mode: the turn detection the pipeline's sessions start with."""
+    detection = SessionConfig.model_validate(load_pipeline(config).session).turn_detection
+    return f"{DEFAULT} ({detection})"
 
 
 def _categories(value: str) -> list[str]:
@@ -170,27 +187,29 @@ def _categories(value: str) -> list[str]:
 
 async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, dict], categories_played: list[str],
                    parts: dict[str, dict[str, float] | None]) -> dict[str, dict[str, Category]]:
-    """Each mode's categories; ``parts`` gets each mode's server-side mean per part of time to first audio."""
-    results: dict[str, dict[str, Category]] = {}
-    for mode, session in chosen_modes.items():
-        categories: dict[str, Category] = {}
-        before = await read_parts(url)
-        made = [(c, scenario) for c, scenario in scenarios(session, voice) if c in categories_played]
-        for round_ in range(rounds):
+    """Each mode's categories, the modes taking turns round by round; ``parts`` gets each mode's
+    server-side mean per part of time to first audio."""
+    results: dict[str, dict[str, Category]] = {mode: {} for mode in chosen_modes}
+    totals: dict[str, Totals | None] = {mode: {} for mode in chosen_modes}  # the parts' sums over a mode's turns
+    for round_ in range(rounds):
+        for mode, session in chosen_modes.items():
+            before = await read_parts(url)
+            made = [(c, scenario) for c, scenario in scenarios(session, voice) if c in categories_played]
             for n, (category, scenario) in enumerate(made, 1):
                 recording = await run_scenario(scenario, url, exclusive=True)
                 result = measure(scenario, recording)
-                categories.setdefault(category, Category()).add(category, result)
+                results[mode].setdefault(category, Category()).add(category, result)
                 failed = f": failed: {result.error}" if result.error else ""
                 print(f"  {mode}: round {round_ + 1}/{rounds}, scenario {n}/{len(made)} ({scenario.name}){failed}",
                       file=sys.stderr, flush=True)
-        results[mode] = categories
-        parts[mode] = mean_parts_ms(before, await read_parts(url))
+            totals[mode] = add_parts(totals[mode], before, await read_parts(url))
+    for mode, summed in totals.items():
+        parts[mode] = mean_parts_ms({}, summed) if summed is not None else None
     return results
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    chosen_modes = modes([m for m in args.modes.split(",") if m], args.speculate_ms)
+    chosen_modes = modes([m for m in args.modes.split(",") if m], args.speculate_ms, _default_name(args.config))
     categories_played = _categories(args.categories)
     use_loopback_candidates(True)
     print(f"starting `duplex serve --config {args.config}` ...", file=sys.stderr, flush=True)
