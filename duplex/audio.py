@@ -12,8 +12,14 @@ float32 in [-1, 1] (``flt``).
 
 from __future__ import annotations
 
-import av
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+# PyAV loads with the first Resampler: the runtime contract imports this module for SESSION_RATE,
+# and a GPU host that runs only model stages need not have PyAV.
+if TYPE_CHECKING:
+    import av
 
 SESSION_RATE = 16000  # caller audio, in the session and into the first stage: 16 kHz mono
 
@@ -28,6 +34,9 @@ class Resampler:
         self.out_rate = out_rate
         self.out_channels = out_channels
         self.out_dtype = np.dtype(out_dtype)
+        import av
+
+        self._av = av
         self._resampler = av.AudioResampler(format=_FORMATS[self.out_dtype], layout=_LAYOUTS[out_channels],
                                             rate=out_rate)
 
@@ -41,7 +50,7 @@ class Resampler:
         pcm = np.ascontiguousarray(pcm).reshape(1, -1)
         if pcm.shape[1] == 0:
             return np.zeros(0, self.out_dtype)
-        frame = av.AudioFrame.from_ndarray(pcm, format=_FORMATS[pcm.dtype], layout=_LAYOUTS[channels])
+        frame = self._av.AudioFrame.from_ndarray(pcm, format=_FORMATS[pcm.dtype], layout=_LAYOUTS[channels])
         frame.sample_rate = rate
         return self.frame(frame)
 

@@ -35,7 +35,7 @@ def test_named_config_resolves_to_the_bundled_file_and_a_path_still_works(tmp_pa
     (tmp_path / "toy").mkdir()  # a folder of that name in the working directory does not shadow the name
     assert load_pipeline("toy").name == "toy"
     assert load_pipeline("mine.yaml").name == "mine"
-    with pytest.raises(ConfigError, match="bundled configs: engine, local, omni-tiny, toy, toy-voice"):
+    with pytest.raises(ConfigError, match="bundled configs: engine, local, omni-real, omni-tiny, toy, toy-voice"):
         load_pipeline("no-such-pipeline")
 
 
@@ -98,10 +98,14 @@ def test_bytes_budget_over_declared_device_size():
         check_pipeline(cfg, BUILDERS)
 
 
-def test_bytes_budget_on_unknown_device_size_is_refused():
+def test_bytes_budget_on_a_gpu_of_unknown_size_waits_for_the_card():
+    """Checked at start against the card's free memory (tests/test_device_placement.py)."""
     cfg = pipeline_from_dict(two_stages(device="cuda:1", memory="1GiB"), {"b.device": "cuda:1", "b.memory": 0.1})
-    with pytest.raises(ConfigError, match="size is unknown"):
-        check_pipeline(cfg, BUILDERS)
+    check_pipeline(cfg, BUILDERS)
+    over = pipeline_from_dict(two_stages(device="cuda:1", memory="1GiB"), {"b.device": "cuda:1", "b.memory": 1.0,
+                                                                             "a.memory": 0.2})
+    with pytest.raises(ConfigError, match="budgets sum to 120%"):
+        check_pipeline(over, BUILDERS)
 
 
 def test_check_config_command(tmp_path):

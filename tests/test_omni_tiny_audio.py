@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from duplex.models.qwen3_omni import stages
+from duplex.models.qwen3_omni import parts
 from duplex.models.qwen3_omni.loading import load_code2wav, read_tensors
 from duplex.models.qwen3_omni.tiny import TINY_VERSION, checkpoint_version, init_tiny, refresh_if_stale
-from duplex.runtime.contract import BuildContext
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,10 +107,10 @@ def test_the_stages_refresh_only_the_default_cache_and_never_a_real_checkpoint(t
     default, own = init_tiny(tmp_path / "default"), init_tiny(tmp_path / "own")
     for path in (default, own):
         _make_stale(path)
-    monkeypatch.setattr(stages, "DEFAULT_MODEL_DIR", str(default))
-    assert stages.model_dir(BuildContext(stage="code2wav", args={"model_dir": str(own)})) == str(own)
+    monkeypatch.setattr(parts, "DEFAULT_MODEL_DIR", str(default))
+    assert parts.model_dir({"model_dir": str(own)}, "code2wav") == str(own)
     assert checkpoint_version(own) == 1  # a directory the config names is the user's: left as it is
-    assert stages.model_dir(BuildContext(stage="code2wav", args={})) == str(default)
+    assert parts.model_dir({}, "code2wav") == str(default)
     assert checkpoint_version(default) == TINY_VERSION
     # A real checkpoint's config has no tiny token map: never rewritten.
     real = tmp_path / "real"

@@ -101,9 +101,9 @@ class StageConfig(_Strict):
     @field_validator("device")
     @classmethod
     def _check_device(cls, device: str) -> str:
-        if not re.match(r"^(cpu|cuda:\d+)$", device):
-            raise ValueError(f"device {device!r}: use cpu or cuda:N")
-        return device
+        if not re.match(r"^(cpu|cuda(:\d+)?)$", device):
+            raise ValueError(f"device {device!r}: use cpu, cuda or cuda:N")
+        return "cuda:0" if device == "cuda" else device  # one name per card: budgets add up per name
 
     @property
     def process_name(self) -> str:
@@ -121,6 +121,8 @@ class RelayConfig(_Strict):
     credits_per_peer: int = Field(64, ge=1)  # shm blocks in flight to one consumer
     pool_bytes: int = Field(512 * 2**20, ge=2**20)  # shm a producing stage may hold at once
     ack_timeout_s: float = Field(30.0, gt=0)
+    # large device tensors between stages on GPUs of one host go by CUDA IPC; off: through the host
+    cuda_ipc: bool = True
 
     @field_validator("pool_bytes", mode="before")
     @classmethod

@@ -1,4 +1,9 @@
-"""Placement check: per device, the stages' memory budgets must fit before anything starts."""
+"""Placement check: per device, the stages' memory budgets must fit before anything starts.
+
+From the config alone (``check_placement``): per device the fractions, and bytes where the
+device's size is known (cpu, or declared under ``devices``), add up to at most 100%. At start,
+per GPU (``check_device_budgets``, given what the card reports): every budget in bytes (fractions
+of its total) adds up to at most its free memory."""
 
 from __future__ import annotations
 
@@ -50,11 +55,30 @@ def _share(stage: StageConfig, total: int | None, device: str) -> float:
     if isinstance(stage.memory, float) and stage.memory <= 1.0:
         return stage.memory
     if total is None:
-        raise ConfigError(
-            f"placement: stage {stage.name!r} gives memory in bytes on {device}, whose size is "
-            f"unknown; declare it under devices: {{{device}: 80GiB}} or use a fraction"
-        )
+        # a GPU's size is read from the card at start (``check_device_budgets``), where bytes
+        # budgets are checked against its free memory; here only the fractions can add up
+        return 0.0
     return int(stage.memory) / total
+
+
+def check_device_budgets(cfg: PipelineConfig, device: str, free: int, total: int) -> None:
+    """Refuse budgets on a GPU that do not fit its free memory now (``free``/``total``: what the
+    card reports before any stage loads), naming the stages and their shares in bytes."""
+    stages = [s for s in cfg.stages if s.device == device]
+    wanted = {s.name: _bytes_on(s, total) for s in stages}
+    if sum(wanted.values()) > free:
+        listing = ", ".join(f"{name}={nbytes / 2**30:.1f} GiB" for name, nbytes in wanted.items())
+        raise ConfigError(
+            f"placement: device {device} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB, "
+            f"but the budgets of its stages sum to {sum(wanted.values()) / 2**30:.1f} GiB ({listing}); "
+            f"lower their memory or free the card"
+        )
+
+
+def _bytes_on(stage: StageConfig, total: int) -> int:
+    if isinstance(stage.memory, float) and stage.memory <= 1.0:
+        return int(stage.memory * total)
+    return int(stage.memory)
 
 
 def _check_fused_devices(cfg: PipelineConfig, processes: set[str]) -> None:

@@ -23,6 +23,7 @@ from duplex.runtime import messages as m
 from duplex.runtime import shm
 from duplex.runtime.codec import pack
 from duplex.runtime.contract import ErrorCode, OverlapProbe, Request, StageError, TurnRequest
+from duplex.runtime.devices import check_devices
 from duplex.runtime.ended import EndedRequests
 from duplex.runtime.processes import CONTROL, StageProcesses
 from duplex.runtime.queries import StageQueries, StageStatsView
@@ -69,6 +70,9 @@ class Coordinator:
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
+        if any(stage.device != "cpu" for stage in self.cfg.stages):
+            # before anything starts: each stage's device exists and the GPU budgets fit (ConfigError)
+            await asyncio.get_running_loop().run_in_executor(None, check_devices, self.cfg)
         shm.sweep_dead_runs()
         addresses = self.procs.addresses
         self._inbox = self._socket(zmq.PULL, bind=addresses[COORDINATOR])

@@ -17,13 +17,35 @@ class ShmRef(msgspec.Struct, frozen=True):
     block_id: int
 
 
+class CudaRef(msgspec.Struct, frozen=True):
+    """Where a payload's device tensors wait on the GPU: a block the producer keeps alive until
+    the consumer's ack, inside the producer's CUDA allocation ``handle`` (a cudaIpcMemHandle;
+    consumers cache what they opened per handle), at ``offset``. ``event`` is an interprocess
+    event the producer recorded after writing the block: the consumer's stream waits on it
+    before reading (empty when the producer synchronized instead)."""
+
+    device: int  # CUDA device index (the producer's and the block's)
+    handle: bytes
+    offset: int
+    nbytes: int
+    event: bytes
+    block_id: int
+
+
 class Payload(msgspec.Struct, frozen=True):
     """A serialized value: ``meta`` is the msgpack tree with tensors replaced by descriptors;
-    their bytes are in ``inline`` (small payloads) or in shared memory at ``shm``."""
+    their bytes are in ``inline`` (small payloads) or in shared memory at ``shm``; device tensors
+    that stayed on their GPU are in the device block at ``cuda``."""
 
     meta: bytes
     inline: bytes = b""
     shm: ShmRef | None = None
+    cuda: CudaRef | None = None
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The producer's blocks this payload holds (to ack once read or discarded)."""
+        return [ref.block_id for ref in (self.shm, self.cuda) if ref is not None]
 
 
 class DataReady(msgspec.Struct, tag=True):
@@ -42,7 +64,7 @@ class DataReady(msgspec.Struct, tag=True):
 
 
 class Ack(msgspec.Struct, tag=True):
-    """Consumer -> producer: these shm blocks may be reused."""
+    """Consumer -> producer: these blocks (shm or device) may be reused."""
 
     consumer: str
     block_ids: list[int]
@@ -89,6 +111,15 @@ class StatsQuery(msgspec.Struct, tag=True):
     query_id: int
 
 
+class DeviceMemory(msgspec.Struct, frozen=True):
+    """What torch's allocator holds on a stage's GPU, in bytes (per process: stages fused into
+    one process report the same numbers)."""
+
+    device: str
+    allocated: int  # torch.cuda.memory_allocated: tensors alive
+    reserved: int  # torch.cuda.memory_reserved: allocated plus the allocator's cache
+
+
 class StageStats(msgspec.Struct, tag=True):
     query_id: int
     stage: str
@@ -98,6 +129,7 @@ class StageStats(msgspec.Struct, tag=True):
     counters: dict[str, int] = {}  # cumulative: admitted, finished, aborted, dropped_late
     request_ids: list[str] = []
     steps: StepHistogram | None = None  # step times and audio made since the stage started
+    device_memory: DeviceMemory | None = None  # a stage on a GPU
 
 
 class Ping(msgspec.Struct, tag=True):

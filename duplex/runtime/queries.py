@@ -22,6 +22,7 @@ class StageStatsView:
     counters: dict[str, int]
     request_ids: list[str]
     steps: StepHistogram | None = None
+    device_memory: m.DeviceMemory | None = None  # a stage on a GPU: its allocator's bytes there
 
     @property
     def held(self) -> int:
@@ -58,7 +59,7 @@ class StageQueries:
             self._collected.pop(query_id, None)
             self._expected.pop(query_id, None)
         return {name: StageStatsView(s.stage, s.pid, s.live_requests, dict(s.resources), dict(s.counters),
-                                     list(s.request_ids), s.steps)
+                                     list(s.request_ids), s.steps, s.device_memory)
                 for name, s in collected.items()}
 
     async def ping(self, stage: str, timeout: float) -> float:

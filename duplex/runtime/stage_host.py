@@ -34,10 +34,9 @@ from typing import Any
 import zmq
 
 from duplex.config.pipeline import PipelineConfig, StageConfig
-from duplex.config.placement import stage_budget_bytes
 from duplex.runtime import messages as m
-from duplex.runtime.codec import pack
 from duplex.runtime.contract import AgentAudio, BuildContext, Builder, ErrorCode, Request, StageError
+from duplex.runtime.devices import budget_bytes, cuda_presence, device_memory, device_problem
 from duplex.runtime.ended import EndedRequests
 from duplex.runtime.lifecycle import die_with_parent
 from duplex.runtime.progress import ProgressBuffer
@@ -67,7 +66,7 @@ class HostSpec:
 def build_context(pipeline: PipelineConfig, stage: StageConfig) -> BuildContext:
     """What the stage's builder may know of its stage and where it runs."""
     return BuildContext(stage=stage.name, args=dict(stage.args), device=stage.device,
-                        memory_bytes=stage_budget_bytes(pipeline, stage), threads=stage.threads,
+                        memory_bytes=budget_bytes(pipeline, stage), threads=stage.threads,
                         max_running_requests=getattr(stage.scheduler, "max_running_requests", 1))
 
 
@@ -127,12 +126,15 @@ class StageHost:
 
     # -- setup --------------------------------------------------------------------------------
     def _build(self, builders: Mapping[str, Builder]) -> None:
+        device_peers = {s.name for s in self.pipeline.stages if s.device.startswith("cuda")}
         for stage in self.pipeline.processes()[self.spec.process]:
+            if stage.device != "cpu" and (problem := device_problem(stage.name, stage.device, *cuda_presence())):
+                raise RuntimeError(problem)  # the coordinator checks first; a host can lose a card
             computation = builders[stage.builder](build_context(self.pipeline, stage))
             scheduler = make_scheduler(stage, computation)
             scheduler.outbox.ship_in_caller(partial(self._ship, stage.name))
             writer = RelayWriter(segment_prefix(self.spec.run_id, stage.name), self.pipeline.relay,
-                                 use_shm=self.spec.use_shm)
+                                 use_shm=self.spec.use_shm, device_peers=device_peers)
             outlet = Outlet(writer, self._send)
             reader = RelayReader(self.releases.put)
             self.stages[stage.name] = _HostedStage(StageShell(stage, self.pipeline), scheduler, outlet, reader)
@@ -229,6 +231,7 @@ class StageHost:
                 for stage in msg.stages:
                     hosted.outlet.forget_peer(stage)
                     hosted.reader.forget_segments(segment_prefix(self.spec.run_id, stage))
+                    hosted.reader.forget_producer(stage)
         elif isinstance(msg, m.Shutdown):
             self.running = False
 
@@ -309,7 +312,8 @@ class StageHost:
     def _route(self, hosted: _HostedStage, emit: Emit) -> None:
         shell = hosted.shell
         rid = emit.request_id
-        packed: dict[int, Any] = {}  # by id of the routed value: pack each value once
+        writer = hosted.outlet.writer
+        packed: dict[tuple[int, bool], Any] = {}  # pack each routed value once per kind of consumer
         for route in shell.routes(emit):
             seq = shell.next_out_seq(rid, route.dst)
             params = shell.params(rid) if seq == 0 else None
@@ -317,11 +321,12 @@ class StageHost:
             if local is not None:  # fused: hand over the object itself
                 self._deliver(local, rid, shell.name, seq, route.data, route.eos, params)
                 continue
-            if id(route.data) not in packed:
-                packed[id(route.data)] = pack(route.data)
+            key = (id(route.data), writer.sends_device(route.dst))
+            if key not in packed:
+                packed[key] = writer.pack(route.data, route.dst)
             msg = m.DataReady(request_id=rid, src=shell.name, dst=route.dst, seq=seq, eos=route.eos,
                               payload=None, sent_ns=time.monotonic_ns(), params=params)
-            hosted.outlet.submit(msg, packed[id(route.data)])
+            hosted.outlet.submit(msg, packed[key])
         if emit.eos:
             self._release(hosted, rid)
 
@@ -374,7 +379,7 @@ class StageHost:
         hosted = self.stages[name]
         live = hosted.shell.request_ids() | hosted.scheduler.live_requests()
         resources = {
-            "relay_blocks_out": hosted.outlet.writer.blocks_in_flight,
+            "relay_blocks_out": hosted.outlet.writer.blocks_in_flight,  # device blocks included
             "relay_blocks_in": hosted.reader.blocks_held,
             "pending_sends": hosted.outlet.waiting,
             "buffered_inputs": hosted.shell.buffered_items(),
@@ -384,7 +389,8 @@ class StageHost:
         }
         return m.StageStats(query_id=query_id, stage=name, pid=os.getpid(), live_requests=len(live),
                             resources=resources, counters=dict(hosted.counters), request_ids=sorted(live)[:50],
-                            steps=hosted.scheduler.step_times.snapshot())
+                            steps=hosted.scheduler.step_times.snapshot(),
+                            device_memory=device_memory(hosted.shell.stage.device))
 
     def _close(self) -> None:
         with self.lock:

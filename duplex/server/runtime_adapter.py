@@ -64,4 +64,8 @@ class CoordinatorRuntime:
                 continue
             out[stage.name] = {"state": "up", "live_requests": s.live_requests, "resources": dict(s.resources),
                                "counters": dict(s.counters), "pid": s.pid, "request_ids": list(s.request_ids)}
+            if s.device_memory is not None:  # a stage on a GPU: bytes its process's allocator holds there
+                memory = s.device_memory
+                out[stage.name]["device_memory"] = {"device": memory.device, "allocated": memory.allocated,
+                                                    "reserved": memory.reserved}
         return out

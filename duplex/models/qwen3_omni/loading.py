@@ -7,6 +7,8 @@ safetensors files (single file or sharded with an index).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import re
 from dataclasses import dataclass
@@ -127,11 +129,11 @@ def load_audio_encoder(model_dir, device: str = "cpu"):
 class ThinkerLM(nn.Module):
     """The thinker's text decoder and output layer (no audio or vision towers)."""
 
-    def __init__(self, text_config) -> None:
+    def __init__(self, text_config, **from_config) -> None:
         super().__init__()
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerTextModel
 
-        self.model = Qwen3OmniMoeThinkerTextModel._from_config(text_config)
+        self.model = Qwen3OmniMoeThinkerTextModel._from_config(text_config, **from_config)
         self.lm_head = nn.Linear(text_config.hidden_size, text_config.vocab_size, bias=False)
 
 
@@ -166,3 +168,14 @@ def load_code2wav(model_dir, device: str = "cpu"):
     config = load_config(model_dir)
     module = Qwen3OmniMoeCode2Wav._from_config(config.code2wav_config)
     return load_part(module, model_dir, "code2wav.", device), config
+
+
+def cache_kwargs(model: nn.Module, cache) -> dict:
+    """The KV argument under its name in the installed transformers: ``cache`` (5.2x) or
+    ``past_key_values`` (5.17, the GPU machine's; 5.2x still accepts it, deprecated)."""
+    return {_cache_name(type(model)): cache}
+
+
+@functools.cache
+def _cache_name(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"

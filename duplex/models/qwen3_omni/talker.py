@@ -25,7 +25,11 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from duplex.models.qwen3_omni.graphs import buckets_for
+from duplex.models.qwen3_omni.loading import cache_kwargs
 from duplex.models.qwen3_omni.payloads import CodecChunk, TalkerPrefix, ThinkerStep
+from duplex.models.qwen3_omni.slot_kv import DeviceSlotKV
+from duplex.models.qwen3_omni.talker_graph import TalkerGraphs
 from duplex.runtime.contract import Request, RowOutput, SlotBatch, SlotKVCache, TurnRequest
 
 DEFAULT_MAX_FRAMES = 250  # 20 s of speech
@@ -61,30 +65,42 @@ class TalkerRunner:
 
     def __init__(self, talker, config, *, memory_bytes: int | None, max_len: int = 2048, max_slots: int = 16,
                  first_chunk_frames: int = 2, chunk_frames: int = 6, speaker: str = "ethan",
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", graphs: list[int] | bool | None = None, ignore_eos: bool = False) -> None:
         tcfg = config.talker_config
         text = tcfg.text_config
         self.talker, self.tcfg, self.device = talker, tcfg, device
+        self.dtype = talker.codec_head.weight.dtype
         self.num_groups = tcfg.num_code_groups
         self.vocab = text.vocab_size
-        per_slot = SlotKVCache.bytes_per_slot(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, max_len)
+        per_slot = SlotKVCache.bytes_per_slot(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, max_len,
+                                              dtype_bytes=self.dtype.itemsize)
         slots = max_slots if memory_bytes is None else min(max_slots, memory_bytes // per_slot)
         if slots < 1:
             raise ValueError(f"talker: memory budget {memory_bytes} B holds no KV slot of {per_slot} B")
         self.capacity = int(slots)
         self.max_len = max_len
-        self.kv = SlotKVCache(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, self.capacity, max_len,
-                              device=device)
-        self.feedback = torch.zeros(self.capacity, text.hidden_size, device=device)
-        self.seen = torch.zeros(self.capacity, self.vocab, dtype=torch.bool, device=device)
+        # One spare slot (index ``capacity``, never handed out): the padding rows of a graph's
+        # batch bucket write their K/V, feedback and seen codes there.
+        rows = self.capacity + 1
+        self.kv = DeviceSlotKV(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, rows, max_len,
+                               dtype=self.dtype, device=device)
+        self.feedback = torch.zeros(rows, text.hidden_size, dtype=self.dtype, device=device)
+        self.seen = torch.zeros(rows, self.vocab, dtype=torch.bool, device=device)
         suppress = torch.zeros(self.vocab, dtype=torch.bool, device=device)
         suppress[self.vocab - 1024:] = True
-        suppress[tcfg.codec_eos_token_id] = False
+        # With ignore_eos (benches: replies of a fixed length) end-of-speech is never picked.
+        suppress[tcfg.codec_eos_token_id] = ignore_eos
         self.suppress = suppress
+        self._true = torch.ones((), dtype=torch.bool, device=device)
         self.repetition_penalty = 1.05  # generate()'s talker default
         self.first_chunk_frames, self.chunk_frames = first_chunk_frames, chunk_frames
         self.default_speaker = speaker
         self.rows: dict[int, _Row] = {}
+        sizes = buckets_for(graphs, device, self.capacity)
+        self.graphs = TalkerGraphs(self, sizes) if sizes else None
+        self.graph_error = self.graphs.error if self.graphs is not None else None
+        if self.graphs is not None and not self.graphs.buckets:
+            self.graphs = None  # capture failed (logged): eager steps
 
     # -- StepRunner protocol ---------------------------------------------------------------------
     def open(self, slot: int, request_id: str, request: Request) -> None:
@@ -106,7 +122,7 @@ class TalkerRunner:
                 if data.talker_prefix is None:
                     raise ValueError("the thinker's first chunk must carry talker_prefix")
                 row.prefix = data.talker_prefix
-            row.texts.extend(torch.as_tensor(data.embeds, dtype=torch.float32).unbind(0))
+            row.texts.extend(torch.as_tensor(data.embeds).to(self.device, self.dtype).unbind(0))
         if eos:
             if row.prefix is None:
                 raise ValueError("the thinker ended without a reply token")
@@ -139,23 +155,46 @@ class TalkerRunner:
 
     @torch.no_grad()
     def compute(self, plan: TalkerPlan) -> dict:
+        if self.graphs is None:
+            slots, code0, frames = self._compute_eager(plan)
+        else:
+            # Graphs: the whole decode step replays; a prefill's talker forward (its length varies)
+            # runs eagerly and its codebook 0 + code predictor tail replays.
+            parts = []
+            if plan.prefill:
+                hidden = self._forward_prefill_rows(plan.prefill)
+                parts.append(self.graphs.run_tail([slot for slot, *_ in plan.prefill], hidden))
+            if plan.decode:
+                parts.append(self.graphs.run(plan.decode))
+            slots = [slot for part in parts for slot in part[0]]
+            code0, frames = torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+        return {"slots": slots, "code0": code0.tolist(), "frames": frames.cpu().numpy()}
+
+    def _compute_eager(self, plan: TalkerPlan) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         hidden, slots = [], []
         if plan.prefill:
-            fresh = torch.tensor([slot for slot, *_ in plan.prefill], device=self.device)
-            self.seen[fresh] = False
-            self.feedback[fresh] = 0
-            hidden.append(self._forward_prefill(plan.prefill))
+            hidden.append(self._forward_prefill_rows(plan.prefill))
             slots += [slot for slot, *_ in plan.prefill]
         if plan.decode:
             hidden.append(self._forward_decode(plan.decode))
             slots += [slot for slot, _, _ in plan.decode]
         last = torch.cat(hidden, dim=0)  # (B, hidden): each row's last position
-        slot_index = torch.tensor(slots, device=self.device)
-        code0 = self._pick_code0(self.talker.codec_head(last), slot_index)
+        code0, residual = self.step_tail(last, torch.tensor(slots, device=self.device))
+        return slots, code0, torch.cat([code0[:, None], residual], dim=1)
+
+    def step_tail(self, last: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codebook 0 and the code predictor's 15 from each row's last talker hidden state; the
+        frame's feedback is written in place into the rows' feedback."""
+        code0 = self._pick_code0(self.talker.codec_head(last), slots)
         residual, feedback = self._code_predictor(last, code0)
-        self.feedback[slot_index] = feedback
-        frames = torch.cat([code0[:, None], residual], dim=1)
-        return {"slots": slots, "code0": code0.tolist(), "frames": frames.cpu().numpy()}
+        self.feedback[slots] = feedback
+        return code0, residual
+
+    def _forward_prefill_rows(self, rows: list) -> torch.Tensor:
+        fresh = torch.tensor([slot for slot, *_ in rows], device=self.device)
+        self.seen[fresh] = False
+        self.feedback[fresh] = 0
+        return self._forward_prefill(rows)
 
     def resolve(self, plan: TalkerPlan, raw: dict) -> dict[int, RowOutput]:
         outputs = {}
@@ -194,7 +233,7 @@ class TalkerRunner:
         reply token on the text side, over zeros and the codec control ids on the codec side."""
         talker, cfg = self.talker, self.tcfg
         mm = torch.as_tensor(prefix.user_mm, dtype=torch.bool, device=self.device)[:, None]
-        user = torch.where(mm, talker.hidden_projection(prefix.user_hidden.to(self.device)),
+        user = torch.where(mm, talker.hidden_projection(prefix.user_hidden.to(self.device, self.dtype)),
                            self._project_text(prefix.user_embeds))
         header = self._project_text(prefix.assistant_embeds)
         tts_bos, _, tts_pad = self._project_text(prefix.tts_embeds).unbind(0)
@@ -202,7 +241,7 @@ class TalkerRunner:
         control = [cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id, speaker_id,
                    cfg.codec_pad_id, cfg.codec_bos_id]
         codec = talker.get_input_embeddings()(torch.tensor(control, device=self.device))
-        codec_side = torch.cat([torch.zeros(3, codec.shape[1], device=self.device), codec])
+        codec_side = torch.cat([torch.zeros(3, codec.shape[1], dtype=codec.dtype, device=self.device), codec])
         return torch.cat([user, text_side + codec_side])
 
     def _forward_prefill(self, rows: list[tuple[int, dict, torch.Tensor, int]]) -> torch.Tensor:
@@ -216,12 +255,13 @@ class TalkerRunner:
 
     # -- compute helpers ----------------------------------------------------------------------
     def _project_text(self, x: torch.Tensor) -> torch.Tensor:
-        return self.talker.text_projection(x.to(self.device))
+        return self.talker.text_projection(x.to(self.device, self.dtype))
 
     def _forward(self, embeds: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
         mask = self.kv.bind(batch)["full_attention"]
-        out = self.talker.model(inputs_embeds=embeds, attention_mask=mask,
-                                position_ids=batch.position_ids().to(self.device), cache=self.kv, use_cache=True)
+        positions = batch.position_ids().to(self.device)
+        out = self.talker.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
+                                **cache_kwargs(self.talker.model, self.kv))
         return out.last_hidden_state
 
     def _forward_decode(self, rows: list[tuple[int, int, torch.Tensor]]) -> torch.Tensor:
@@ -236,7 +276,8 @@ class TalkerRunner:
         penalized = torch.where(logits > 0, logits / self.repetition_penalty, logits * self.repetition_penalty)
         logits = torch.where(seen, penalized, logits).masked_fill(self.suppress, float("-inf"))
         code0 = logits.argmax(-1)
-        self.seen[slots, code0] = True
+        # A device tensor, not a Python True: nothing here may copy from the host (CUDA graphs).
+        self.seen.index_put_((slots, code0), self._true)
         return code0
 
     def _code_predictor(self, last_hidden: torch.Tensor, code0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +288,7 @@ class TalkerRunner:
         feedback = embed0.clone()
         codes = []
         for group in range(self.num_groups - 1):
-            out = predictor.model(inputs_embeds=inputs, cache=cache, use_cache=True)
+            out = predictor.model(inputs_embeds=inputs, use_cache=True, **cache_kwargs(predictor.model, cache))
             code = predictor.lm_head[group](out.last_hidden_state[:, -1]).argmax(-1)
             codes.append(code)
             embed = predictor.model.codec_embedding[group](code)

@@ -19,8 +19,11 @@ from typing import Any
 
 import torch
 
-from duplex.models.qwen3_omni.loading import SpecialTokens
+from duplex.models.qwen3_omni.graphs import buckets_for
+from duplex.models.qwen3_omni.loading import SpecialTokens, cache_kwargs
 from duplex.models.qwen3_omni.payloads import AudioEmbeds, TalkerPrefix, TextToken, ThinkerStep
+from duplex.models.qwen3_omni.slot_kv import DeviceSlotKV
+from duplex.models.qwen3_omni.thinker_graph import ThinkerGraphs
 from duplex.runtime.contract import Request, RowOutput, SlotBatch, SlotKVCache
 
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -75,31 +78,43 @@ class ThinkerRunner:
 
     def __init__(self, lm, config, tokens: SpecialTokens, *, memory_bytes: int | None, max_len: int = 1024,
                  max_slots: int = 16, system_ids: list[int] | None = None, detokenize=None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", ignore_eos: bool = False, graphs: list[int] | bool | None = None) -> None:
         text = config.thinker_config.text_config
         self.lm, self.tokens, self.device = lm, tokens, device
+        self.dtype = lm.lm_head.weight.dtype
         self.accept_layer = config.talker_config.accept_hidden_layer
         self.max_len = max_len
-        per_slot = SlotKVCache.bytes_per_slot(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, max_len)
+        # Benches ask for replies of a fixed length (random weights would end them anywhere).
+        self.ignore_eos = ignore_eos
+        per_slot = SlotKVCache.bytes_per_slot(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, max_len,
+                                              dtype_bytes=self.dtype.itemsize)
         slots = max_slots if memory_bytes is None else min(max_slots, memory_bytes // per_slot)
         if slots < 1:
             raise ValueError(f"thinker: memory budget {memory_bytes} B holds no KV slot of {per_slot} B "
                              f"(max_len {max_len})")
         self.capacity = int(slots)
-        self.kv = SlotKVCache(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, self.capacity, max_len,
-                              device=device)
-        self.last_token = torch.zeros(self.capacity, dtype=torch.long, device=device)
+        # One spare slot (index ``capacity``, never handed out) for the padding rows of graph buckets.
+        self.kv = DeviceSlotKV(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, self.capacity + 1,
+                               max_len, dtype=self.dtype, device=device)
+        self.last_token = torch.zeros(self.capacity + 1, dtype=torch.long, device=device)
         self.system_ids = list(system_ids or [])
         self.detokenize = detokenize or (lambda token: f"<{token}>")
         self.rows: dict[int, _Row] = {}
         with torch.no_grad():
             ids = torch.tensor([tokens.tts_bos, tokens.tts_eos, tokens.tts_pad], device=device)
-            self.tts_embeds = lm.model.embed_tokens(ids).float().cpu()
+            # Outputs stay on the stage's device: the relay moves device tensors between stages.
+            self.tts_embeds = lm.model.embed_tokens(ids)
+        sizes = buckets_for(graphs, device, self.capacity)
+        self.graphs = ThinkerGraphs(self, sizes) if sizes else None
+        self.graph_error = self.graphs.error if self.graphs is not None else None
+        if self.graphs is not None and not self.graphs.buckets:
+            self.graphs = None  # capture failed (logged): eager steps
 
     # -- StepRunner protocol ---------------------------------------------------------------------
     def open(self, slot: int, request_id: str, request: Request) -> None:
         t = self.tokens
-        row = _Row(request_id, getattr(request, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS, {t.im_end})
+        row = _Row(request_id, getattr(request, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS,
+                   set() if self.ignore_eos else {t.im_end})
         system = [t.im_start, t.system, t.newline, *self.system_ids, t.im_end, t.newline]
         row.pending = [_Piece(ids=system, role="system"), _Piece(ids=[t.im_start, t.user, t.newline, t.audio_start])]
         self.rows[slot] = row
@@ -110,7 +125,7 @@ class ThinkerRunner:
             raise ValueError("input after the end of the user turn")
         embeds = data.embeds if isinstance(data, AudioEmbeds) else None
         if embeds is not None:
-            embeds = torch.as_tensor(embeds, dtype=torch.float32)
+            embeds = torch.as_tensor(embeds).to(self.device, self.dtype)
             if embeds.ndim != 2 or embeds.shape[1] != self.lm.model.config.hidden_size:
                 raise ValueError(f"audio_embeds must be (n, {self.lm.model.config.hidden_size}), "
                                  f"got {tuple(embeds.shape)}")
@@ -192,11 +207,14 @@ class ThinkerRunner:
         mask = self.kv.bind(batch)["full_attention"]
         positions = batch.position_ids().to(self.device)
         return self.lm.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                             cache=self.kv, use_cache=True, output_hidden_states=hidden_states)
+                             use_cache=True, output_hidden_states=hidden_states, **cache_kwargs(self.lm.model, self.kv))
 
     def _prefill(self, rows: list[_PrefillRow]) -> list[tuple[torch.Tensor, torch.Tensor, int | None]]:
         inputs = [self._embed_pieces(r.pieces) for r in rows]
         lengths = [x.shape[0] for x in inputs]
+        if self.graphs is not None and self.graphs.fits_prefill(len(rows), max(lengths)):
+            replayed = self.graphs.prefill([r.slot for r in rows], [r.start for r in rows], inputs)
+            return [(x, accept, token if r.sample else None) for x, r, (accept, token) in zip(inputs, rows, replayed)]
         width = max(lengths)
         padded = torch.stack([torch.nn.functional.pad(x, (0, 0, 0, width - x.shape[0])) for x in inputs])
         batch = SlotBatch.of([r.slot for r in rows], [r.start for r in rows], lengths)
@@ -210,10 +228,12 @@ class ThinkerRunner:
                 token_t = logits.argmax(-1)
                 self.last_token[r.slot] = token_t
                 token = int(token_t)
-            results.append((inputs[b].float().cpu(), accept[b, :n].float().cpu(), token))
+            results.append((inputs[b], accept[b, :n], token))
         return results
 
     def _decode(self, rows: list[tuple[int, int]]) -> list[int]:
+        if self.graphs is not None:
+            return self.graphs.run(rows)
         slots = [slot for slot, _ in rows]
         slot_index = torch.tensor(slots, device=self.device)
         embeds = self.lm.model.embed_tokens(self.last_token[slot_index])[:, None, :]
@@ -238,7 +258,7 @@ class ThinkerRunner:
 
     def _token_output(self, row: _Row, token: int, first: bool) -> RowOutput:
         with torch.no_grad():
-            embed = self.lm.model.embed_tokens(torch.tensor([token], device=self.device)).float().cpu()
+            embed = self.lm.model.embed_tokens(torch.tensor([token], device=self.device))
         row.generated += 1
         prefix = None
         if first:

@@ -42,6 +42,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="checkpoint for every stage (default: the config's; a tiny one is made if missing)")
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma separated")
     parser.add_argument("--rounds", type=int, default=1, help="rounds per concurrency level")
+    parser.add_argument("--min-turns", type=int, default=1,
+                        help="more rounds at a level until it has this many turns (percentiles at low concurrency)")
+    parser.add_argument("--device", help="run every stage and the fused baseline here (cpu, cuda:0); "
+                                         "default: the config's stage devices")
+    parser.add_argument("--warmup", default="1", help="concurrencies of the untimed warm-up rounds (comma separated)")
     parser.add_argument("--audio-seconds", type=float, default=1.5, help="user speech per turn")
     parser.add_argument("--thinker-tokens", type=int, default=12)
     parser.add_argument("--talker-frames", type=int, default=25, help="codec frames per reply (80 ms each)")
@@ -51,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run, takes_overrides=True)
 
 
-def _pipeline(config_path: str, model_dir: str | None, overrides: list[str]):
+def _pipeline(config_path: str, model_dir: str | None, overrides: list[str], device: str | None = None):
     from duplex.config import pipeline_from_dict
     from duplex.config.loader import resolve_config_path
 
@@ -61,10 +66,16 @@ def _pipeline(config_path: str, model_dir: str | None, overrides: list[str]):
     model_dir = str(Path(model_dir).expanduser())
     for stage in stages:
         stage.setdefault("args", {})["model_dir"] = model_dir
+        if device:
+            stage["device"] = device
     return pipeline_from_dict(raw, overrides), model_dir
 
 
-def _ensure_model(model_dir: str) -> None:
+def _ensure_model(model_dir: str, stage_args: dict) -> None:
+    from duplex.models.qwen3_omni.parts import is_random
+
+    if is_random(stage_args):
+        return  # real shapes, random weights made in each stage: no checkpoint
     if not (Path(model_dir) / "config.json").exists():
         from duplex.models.qwen3_omni.tiny import init_tiny
 
@@ -79,6 +90,11 @@ def _speech(seconds: float, seed: int) -> np.ndarray:
 def _summary(ttfa: list[float], rtf: list[float], audio_s: float, wall_s: float) -> dict:
     return {"ttfa_p50_ms": percentile(ttfa, 50) * 1e3, "ttfa_p95_ms": percentile(ttfa, 95) * 1e3,
             "rtf_p50": percentile(rtf, 50), "throughput_audio_s_per_s": audio_s / wall_s, "turns": len(ttfa)}
+
+
+def _line(summary: dict) -> str:
+    return (f"ttfa p50 {summary['ttfa_p50_ms']:.0f} ms, p95 {summary['ttfa_p95_ms']:.0f} ms, "
+            f"{summary['throughput_audio_s_per_s']:.2f} audio s/s ({summary['turns']} turns)")
 
 
 def _turn_request(args) -> TurnRequest:
@@ -127,10 +143,11 @@ async def _measure_staged(cfg, levels: list[int], args) -> dict:
 
     out, turns_c1 = {}, []
     async with Coordinator(cfg, BUILDERS) as coord:
-        await _staged_round(coord, 1, args, seed=999)  # warm-up: first calls allocate and page in
+        for warm in _warmups(args):  # first calls allocate, page in, pick kernels for new shapes
+            await _staged_round(coord, warm, args, seed=999)
         for level in levels:
             ttfa, rtf, audio_s, wall = [], [], 0.0, 0.0
-            for r in range(args.rounds):
+            for r in range(_rounds(level, args)):
                 t, f, a, w, turns = await _staged_round(coord, level, args, seed=100 * level + r)
                 ttfa += t
                 rtf += f
@@ -140,24 +157,45 @@ async def _measure_staged(cfg, levels: list[int], args) -> dict:
                     turns_c1 += turns
             out[level] = _summary(ttfa, rtf, audio_s, wall)
             await coord.wait_idle(timeout=30)
-            print(f"  staged  c={level}: ttfa p50 {out[level]['ttfa_p50_ms']:.0f} ms", flush=True)
+            print(f"  staged  c={level}: {_line(out[level])}", flush=True)
         aborts = await measure_aborts(coord, args.aborts) if args.aborts else {}
     return {"levels": out, "turns_c1": turns_c1, "aborts": aborts}
 
 
-def _measure_fused(model_dir: str, system_ids: list[int], chunking: dict, levels: list[int], args) -> dict:
+def _warmups(args) -> list[int]:
+    return [int(c) for c in str(args.warmup).split(",") if c.strip()]
+
+
+def _rounds(level: int, args) -> int:
+    return max(args.rounds, -(-args.min_turns // level))
+
+
+def _fused_options(cfg, device: str | None) -> dict:
+    """The fused baseline builds what the stages build: the same weights' source, dtype, slot
+    lengths, reply lengths and talker graphs, on the thinker stage's device."""
+    from duplex.models.qwen3_omni.parts import part_args
+
+    thinker, talker = cfg.stage("thinker"), cfg.stage("talker")
+    return {"parts": part_args(thinker.args), "device": device or thinker.device,
+            "thinker_max_len": int(thinker.args.get("max_len", 1024)),
+            "talker_max_len": int(talker.args.get("max_len", 2048)),
+            "ignore_eos": bool(thinker.args.get("ignore_eos", False)), "graphs": talker.args.get("graphs")}
+
+
+def _measure_fused(options: dict, system_ids: list[int], chunking: dict, levels: list[int], args) -> dict:
     import torch
 
     from duplex_tools.qwen3_omni.fused import FusedOmni
 
     torch.set_num_threads(1)
-    fused = FusedOmni(model_dir, system_ids=system_ids, **chunking)
+    fused = FusedOmni(options.pop("parts"), system_ids=system_ids, **chunking, **options)
     params = _turn_request(args)
-    fused.run_turn(_speech(args.audio_seconds, 999), params)  # warm-up
+    for _ in range(2):  # warm-up
+        fused.run_turn(_speech(args.audio_seconds, 999), params)
     out, paths_c1 = {}, []
     for level in levels:
         ttfa, rtf, audio_s, wall = [], [], 0.0, 0.0
-        for r in range(args.rounds):
+        for r in range(_rounds(level, args)):
             # All turns ended speaking now; one loop serves them one after another.
             start = time.perf_counter()
             for i in range(level):
@@ -172,8 +210,16 @@ def _measure_fused(model_dir: str, system_ids: list[int], chunking: dict, levels
                 audio_s += turn.audio_samples / 24000
             wall += time.perf_counter() - start
         out[level] = _summary(ttfa, rtf, audio_s, wall)
-        print(f"  fused   c={level}: ttfa p50 {out[level]['ttfa_p50_ms']:.0f} ms", flush=True)
+        print(f"  fused   c={level}: {_line(out[level])}", flush=True)
     return out, [p for p in paths_c1 if p]
+
+
+def _accelerator(cfg) -> str:
+    if not any(s.device.startswith("cuda") for s in cfg.stages):
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 def render(results: dict) -> str:
@@ -251,8 +297,8 @@ def plot(results: dict, path: str) -> None:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
-    cfg, model_dir = _pipeline(args.config, args.model_dir, overrides)
-    _ensure_model(model_dir)
+    cfg, model_dir = _pipeline(args.config, args.model_dir, overrides, args.device)
+    _ensure_model(model_dir, cfg.stage("thinker").args)
     system_ids = [int(i) for i in cfg.stage("thinker").args.get("system_ids", [])]
     talker_args = cfg.stage("talker").args
     chunking = {"first_chunk_frames": int(talker_args.get("first_chunk_frames", 2)),
@@ -267,8 +313,13 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         finally:
             os.environ.pop(steptrace.ENV, None)
         spans = steptrace.read_spans(trace_dir)
-    fused, fused_paths = _measure_fused(model_dir, system_ids, chunking, levels, args)
+    # Written now too, so a fused run that fails or times out leaves the staged figures.
+    write_json(args.json_path, {"config": cfg.name, "concurrency": levels, "partial": True,
+                                "staged": {str(k): v for k, v in staged["levels"].items()}, "aborts": staged["aborts"]})
+    # The stage processes have ended (their device memory with them) before the fused one builds.
+    fused, fused_paths = _measure_fused(_fused_options(cfg, args.device), system_ids, chunking, levels, args)
     results = {"config": cfg.name, "concurrency": levels, "args": {k: v for k, v in vars(args).items() if k != "func"},
+               "devices": sorted({s.device for s in cfg.stages}), "accelerator": _accelerator(cfg),
                "load_avg_1m": os.getloadavg()[0], "staged": {str(k): v for k, v in staged["levels"].items()},
                "fused": {str(k): v for k, v in fused.items()}, "aborts": staged["aborts"],
                "overhead_c1": overhead_c1(spans, staged["turns_c1"], chunking["first_chunk_frames"],
@@ -278,3 +329,18 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.plot:
         plot(results, args.plot)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m duplex_tools.bench.pipeline ...``: the same command without ``duplex``'s other
+    commands, whose imports (the server, the media stack) a bare GPU machine does not have."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="duplex bench")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args, overrides = parser.parse_known_args(["pipeline", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args, overrides) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

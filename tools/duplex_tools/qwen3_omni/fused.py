@@ -1,6 +1,10 @@
 """The fused baseline: the same four models and runners in one process and one loop, one request
 at a time. Its loop steps whatever is closest to audio first (code2wav, then the talker, then the
-thinker), so its time to first audio at concurrency 1 is the critical path's pure compute."""
+thinker), so its time to first audio at concurrency 1 is the critical path's pure compute.
+
+It builds its parts from the same stage args as the staged pipeline (``parts.load``: checkpoint or
+real shapes with random weights), on one device, and its talker gets the same CUDA graphs there
+(bucket 1: one request at a time), the thinker's decode too, so the comparison stays fair."""
 
 from __future__ import annotations
 
@@ -12,13 +16,8 @@ import torch
 
 from duplex.models.qwen3_omni.code2wav import StreamingCode2Wav
 from duplex.models.qwen3_omni.encoder import StreamingAudioEncoder
-from duplex.models.qwen3_omni.loading import (
-    load_audio_encoder,
-    load_code2wav,
-    load_talker,
-    load_thinker,
-    special_tokens,
-)
+from duplex.models.qwen3_omni.loading import special_tokens
+from duplex.models.qwen3_omni.parts import load
 from duplex.models.qwen3_omni.payloads import AudioEmbeds, CodecChunk
 from duplex.models.qwen3_omni.talker import TalkerRunner
 from duplex.models.qwen3_omni.thinker import ThinkerRunner
@@ -35,20 +34,34 @@ class FusedTurn:
     # Each computation's span, in the step-trace format (``duplex.runtime.steptrace``), so the
     # bench reads the critical path's compute the same way for the fused loop and the stages.
     spans: list[dict] = field(default_factory=list)
+    audio: list = field(default_factory=list)  # the VocodedAudio chunks, when run_turn was asked to keep them
+
+    @property
+    def codes(self) -> np.ndarray:
+        return np.concatenate([a.codes for a in self.audio], axis=1)
+
+    @property
+    def waveform(self) -> np.ndarray:
+        return np.concatenate([a.samples for a in self.audio])
 
 
 class FusedOmni:
-    def __init__(self, model_dir: str, *, system_ids: list[int], first_chunk_frames: int = 2,
-                 chunk_frames: int = 6) -> None:
-        tower, _ = load_audio_encoder(model_dir)
-        lm, config = load_thinker(model_dir)
-        talker, _ = load_talker(model_dir)
-        self.encoder = StreamingAudioEncoder(tower)
-        self.thinker = ThinkerRunner(lm, config, special_tokens(config), memory_bytes=None, max_len=1024, max_slots=1,
-                                     system_ids=system_ids)
-        self.talker = TalkerRunner(talker, config, memory_bytes=None, max_len=2048, max_slots=1,
-                                   first_chunk_frames=first_chunk_frames, chunk_frames=chunk_frames)
-        self.vocoder = StreamingCode2Wav(load_code2wav(model_dir)[0])
+    def __init__(self, parts: dict | str, *, system_ids: list[int], first_chunk_frames: int = 2,
+                 chunk_frames: int = 6, device: str = "cpu", thinker_max_len: int = 1024, talker_max_len: int = 2048,
+                 ignore_eos: bool = False, graphs: list[int] | bool | None = None) -> None:
+        args = {"model_dir": parts} if isinstance(parts, str) else parts
+        tower, _ = load("encoder", args, device)
+        lm, config = load("thinker", args, device)
+        talker, _ = load("talker", args, device)
+        self.device = device
+        self.encoder = StreamingAudioEncoder(tower, device)
+        self.thinker = ThinkerRunner(lm, config, special_tokens(config), memory_bytes=None, max_len=thinker_max_len,
+                                     max_slots=1, system_ids=system_ids, device=device, ignore_eos=ignore_eos,
+                                     graphs=graphs)
+        self.talker = TalkerRunner(talker, config, memory_bytes=None, max_len=talker_max_len, max_slots=1,
+                                   first_chunk_frames=first_chunk_frames, chunk_frames=chunk_frames, device=device,
+                                   graphs=graphs, ignore_eos=ignore_eos)
+        self.vocoder = StreamingCode2Wav(load("code2wav", args, device)[0], device=device)
 
     def _step(self, runner, stage: str, turn: FusedTurn, slot: int = 0):
         plan = runner.plan([slot])
@@ -58,7 +71,7 @@ class FusedOmni:
         return runner.resolve(plan, raw).get(slot)
 
     @torch.no_grad()
-    def run_turn(self, audio: np.ndarray, params: TurnRequest) -> FusedTurn:
+    def run_turn(self, audio: np.ndarray, params: TurnRequest, keep_audio: bool = False) -> FusedTurn:
         start = time.perf_counter()
         turn = FusedTurn(float("nan"), float("nan"), started=time.monotonic())
         self.thinker.open(0, "fused", params)
@@ -75,7 +88,7 @@ class FusedOmni:
                     out = self._step(self.talker, "talker", turn)
                     talker_done = out.done
                     for chunk in out.emits + ([out.final] if out.done and out.final is not None else []):
-                        self._vocode(chunk, vocoder_state, turn, start)
+                        self._vocode(chunk, vocoder_state, turn, start, keep_audio)
                 elif not thinker_done:
                     out = self._step(self.thinker, "thinker", turn)
                     for data in out.emits + ([out.final] if out.done else []):
@@ -92,7 +105,7 @@ class FusedOmni:
         turn.total_s = time.perf_counter() - start
         return turn
 
-    def _vocode(self, chunk: CodecChunk, state: dict, turn: FusedTurn, start: float) -> None:
+    def _vocode(self, chunk: CodecChunk, state: dict, turn: FusedTurn, start: float, keep: bool) -> None:
         t0 = time.monotonic()
         (produced,) = self.vocoder([WorkItem("fused", "talker", chunk, False)], [state])
         turn.spans.append({"stage": "code2wav", "rids": ["fused"], "t0": t0, "t1": time.monotonic()})
@@ -100,3 +113,5 @@ class FusedOmni:
             if turn.audio_samples == 0:
                 turn.first_audio_s = time.perf_counter() - start
             turn.audio_samples += len(piece.samples)
+            if keep:
+                turn.audio.append(piece)
