@@ -1,5 +1,5 @@
 """`duplex bench load` takes dotted overrides for the pipeline it serves (`--serve local
---asr.min_window_s 7`: the README's before/after runs use them) and refuses them against a server
+--asr.min_window_s 7`: the load bench page's before/after runs use them) and refuses them against a server
 it does not start."""
 
 from __future__ import annotations

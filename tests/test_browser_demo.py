@@ -1,7 +1,7 @@
 """The demo page in a real headless Chromium with a fake microphone playing a speech WAV.
 
 Set DUPLEX_SCREENSHOT=path.png to keep a screenshot of the page mid-conversation (the README's
-docs/demo.png is made this way).
+docs/assets/demo.png is made this way).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Smart Turn v3.2 model (the ``pipecat-ai`` wheel's ONNX file, run by onnxruntime), on speech
+"""The Smart Turn v3.2 model (pipecat's ONNX file, shipped inside duplex, run by onnxruntime), on speech
 made at test time with Piper without its noise (the same samples on every run): a finished
 sentence is complete, one that trails off in a filler is not; the server's lazy holder loads it
 on first use, off the event loop, and answers on the model's worker thread."""
