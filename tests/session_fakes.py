@@ -27,11 +27,11 @@ from duplex.runtime.contract import (
     StageError,
     Transcript,
 )
-from duplex.session import events as ev
 from duplex.session.config import SessionConfig
 from duplex.session.endpoint import TurnEndModel
 from duplex.session.playout import OutputFormat
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus
+from duplex.session.realtime import events as ev
 from duplex.session.session import VoiceSession
 
 FRAME_MS = 20

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from duplex.session import events as ev
 from duplex.session.config import SessionConfig
-from duplex.session.protocol import apply_settings
+from duplex.session.realtime import events as ev
+from duplex.session.realtime.protocol import apply_settings
 
 
 @pytest.mark.parametrize("raw, code", [

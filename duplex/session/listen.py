@@ -13,9 +13,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from duplex.runtime.contract import CallerAudio, Transcript
-from duplex.session.announce import Announcer
 from duplex.session.config import SessionConfig
-from duplex.session.observe import SessionCounters
+from duplex.session.counters import SessionCounters
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
 from duplex.session.overlap_words import OverlapEars
 from duplex.session.playout import Playout
@@ -25,6 +24,17 @@ from duplex.session.turn_audio import TurnAudio
 from duplex.session.turns import TurnDetector
 
 
+class OverlapTeller(Protocol):
+    """What the listener tells the client (the session's ``realtime.announce.Announcer`` spells it): the
+    conversation core names what happened and knows no wire events."""
+
+    def paused(self, response: Response, played_ms: int, onset_ms: int) -> None: ...
+
+    def overlap_judged(self, response: Response, verdict: OverlapVerdict) -> None: ...
+
+    def resumed(self, response: Response, played_ms: int, verdict: OverlapVerdict) -> None: ...
+
+
 class ListenHost(Protocol):
     """What the listener needs of its session."""
 
@@ -32,9 +42,11 @@ class ListenHost(Protocol):
     playout: Playout
     audio: TurnAudio
     detector: TurnDetector
-    tell: Announcer
     counters: SessionCounters
     last_barge_in_ms: float | None
+
+    @property
+    def tell(self) -> OverlapTeller: ...
 
     @property
     def stream_ms(self) -> int: ...  # caller audio classified so far

@@ -24,9 +24,9 @@ import numpy as np
 
 from duplex.config import load_pipeline
 from duplex.runtime.contract import SESSION_RATE
-from duplex.session import events as ev
 from duplex.session.config import SessionConfig
 from duplex.session.playout import OutputFormat
+from duplex.session.realtime import events as ev
 from duplex_tools.bench.report import percentile, table
 
 MODES = ("off", "on")
