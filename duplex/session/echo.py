@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from duplex.runtime.contract import SESSION_RATE
+from duplex.audio import SESSION_RATE
 from duplex.session.config import EchoConfig
 
 TRACK_MS = 200  # input span used to find the delay; long enough to hold a syllable

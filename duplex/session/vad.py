@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import webrtcvad
 
-from duplex.runtime.contract import SESSION_RATE
+from duplex.audio import SESSION_RATE
 from duplex.session.config import VadConfig
 
 _SILENCE_DBFS = -120.0

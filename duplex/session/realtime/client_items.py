@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from duplex.audio import Resampler
-from duplex.runtime.contract import SESSION_RATE, CallerAudio
+from duplex.audio import SESSION_RATE, Resampler
+from duplex.runtime.contract import CallerAudio
 from duplex.session.realtime import events as ev
 from duplex.session.realtime import item_events as iev
 from duplex.session.vad import FrameClassifier

@@ -6,7 +6,7 @@ import msgspec
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from duplex.runtime.contract import SESSION_RATE
+from duplex.audio import SESSION_RATE
 from duplex.session.config import SessionConfig
 from duplex.session.realtime import events as ev
 from duplex.session.realtime.client_items import ItemError, wants_audio
