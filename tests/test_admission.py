@@ -17,12 +17,12 @@ import pytest
 
 from duplex.config import load_pipeline
 from duplex.config.pipeline import AdmissionConfig
+from duplex.config.session import SessionConfig
 from duplex.models.registry import BUILDERS
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.load import LoadMonitor
 from duplex.server.admission import LoadAdmission
 from duplex.server.runtime_adapter import CoordinatorRuntime
-from duplex.session.config import SessionConfig
 from duplex.session.manager import ServerOverloaded, SessionManager, StageDown
 from duplex.session.observe import Refusal
 from duplex.session.playout import OutputFormat

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from duplex.session.config import BargeInConfig, PreemptConfig, SemanticTurnConfig, SessionConfig, VadConfig
+from duplex.config.session import BargeInConfig, PreemptConfig, SemanticTurnConfig, SessionConfig, VadConfig
 from duplex.session.realtime import events as ev
 from duplex.session.realtime.protocol import apply_settings
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from duplex.config.session import BargeInConfig, SessionConfig
 from duplex.models.toy_voice.synth import speak
 from duplex.runtime.contract import SESSION_RATE, Heard
-from duplex.session.config import BargeInConfig, SessionConfig
 from duplex.session.heard import VoicedText
 from duplex.session.overlap import OverlapJudge, OverlapKind
 from duplex.session.realtime import events as ev

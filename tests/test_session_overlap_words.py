@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
+from duplex.config.session import BargeInConfig, SessionConfig
 from duplex.runtime.contract import OverlapProbe, TurnRequest
-from duplex.session.config import BargeInConfig, SessionConfig
 from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
 from duplex.session.overlap_words import Said, is_backchannel, spoken_words, what_words_say
 from duplex.session.realtime import events as ev

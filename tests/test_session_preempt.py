@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from duplex.session.config import SessionConfig, VadConfig
+from duplex.config.session import SessionConfig, VadConfig
 from duplex.session.realtime import events as ev
 from duplex.session.realtime.protocol import apply_settings
 from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from duplex.session.config import SemanticTurnConfig
+from duplex.config.session import SemanticTurnConfig
 from duplex.session.words import HANGING_WORDS, NEVER_LAST
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+from duplex.config.session import SessionConfig
 from duplex.runtime.contract import CallerAudio, Transcript
-from duplex.session.config import SessionConfig
 from duplex.session.counters import SessionCounters
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
 from duplex.session.overlap_words import OverlapEars

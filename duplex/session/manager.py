@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from duplex.session.config import SessionConfig
+from duplex.config.session import SessionConfig
 from duplex.session.endpoint import TurnEndModel
 from duplex.session.observe import CallObserver, CallTap, Refusal
 from duplex.session.playout import OutputFormat

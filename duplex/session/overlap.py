@@ -45,7 +45,7 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-from duplex.session.config import BargeInConfig
+from duplex.config.session import BargeInConfig
 from duplex.session.overlap_words import Said, credible, spoken_words, what_words_say
 
 R = TypeVar("R")

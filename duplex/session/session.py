@@ -30,9 +30,9 @@ from dataclasses import asdict
 import msgspec
 import numpy as np
 
+from duplex.config.session import SessionConfig
 from duplex.runtime.contract import AgentAudio, AgentText, Heard, ToolCallDelta, ToolCallDone, Transcript, TurnRequest
 from duplex.session.clock import InputFrames
-from duplex.session.config import SessionConfig
 from duplex.session.counters import SessionCounters
 from duplex.session.echo import EchoGate
 from duplex.session.endpoint import EndOfTurnJudge, TurnEndModel, TurnJudgement

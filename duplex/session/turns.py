@@ -19,7 +19,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
-from duplex.session.config import SessionConfig, VadConfig
+from duplex.config.session import SessionConfig, VadConfig
 
 
 class StopReason(str, enum.Enum):

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 import msgspec
 from pydantic import BaseModel
 
-from duplex.session.config import BargeInConfig, PreemptConfig, SemanticTurnConfig, SessionConfig, VadConfig
+from duplex.config.session import BargeInConfig, PreemptConfig, SemanticTurnConfig, SessionConfig, VadConfig
 
 __all__ = [
     "TurnDetection",

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from duplex.audio import SESSION_RATE
-from duplex.session.config import SessionConfig
+from duplex.config.session import SessionConfig
 from duplex.session.realtime import events as ev
 from duplex.session.realtime.client_items import ItemError, wants_audio
 from duplex.session.realtime.tools import parse_tools
