@@ -84,8 +84,9 @@ class BargeInListener:
         host = self._host
         played = host.playout.pause() if host.playout.item_id == response.item_id else response.played_ms
         host.last_barge_in_ms = 1000 * (host.now() - host.time_at(onset_ms))
-        voiced_ms = min(host.detector.min_speech_ms, host.stream_ms - onset_ms)
         vad, barge_in = host.config.vad, host.config.barge_in
+        # the voiced audio that started this onset: a live reply in listen mode asks only this much
+        voiced_ms = min(vad.min_speech_ms, barge_in.pause_speech_ms, host.stream_ms - onset_ms)
         judge = OverlapJudge(barge_in, onset_ms, host.stream_ms, voiced_ms, vad.silence_ms - vad.frame_ms,
                              word_ms=vad.min_speech_ms)
         words = barge_in.words and host.config.overlap_probe_request

@@ -142,8 +142,7 @@ class VoiceSession:
         self.audio.hear(frame, voiced)
         if self.detector.speaking or self.listener.active:
             self._stream_caller_audio(frame, voiced)
-        self.detector.min_speech_ms = self._speech_start_ms()
-        cue = self.detector.push(frame_start_ms, voiced)
+        cue = self.detector.push(frame_start_ms, voiced, self._speech_start_ms())
         if self.listener.active:  # the judge decides what this sound is; no other cue counts
             self.listener.listen(voiced)
         elif isinstance(cue, SpeechStarted):

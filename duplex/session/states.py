@@ -1,7 +1,8 @@
-"""The session's two state machines, each with its states and legal transitions in one table:
-the call's (what the conversation is doing) and each response's (where one answer is in its
-life). Moving to a state the table does not allow from the current one raises
-``IllegalTransition``: that is a bug in the session, never something a caller can cause."""
+"""The session's state machines, each with its states and legal transitions in one table:
+the call's (what the conversation is doing), each response's (where one answer is in its
+life) and the turn detector's (where the caller's turn is: ``turns.TurnDetector``). Moving to a
+state the table does not allow from the current one raises ``IllegalTransition``: that is a bug
+in the session, never something a caller can cause."""
 
 from __future__ import annotations
 
@@ -59,7 +60,29 @@ RESPONSE_TRANSITIONS: Mapping[ResponseState, frozenset[ResponseState]] = {
     ResponseState.FAILED: frozenset(),
 }
 
-S = TypeVar("S", CallState, ResponseState)
+
+class TurnPhase(str, enum.Enum):
+    """Where the caller's turn is, as the turn detector sees it (stream time, per frame)."""
+
+    QUIET = "quiet"  # no turn: voiced frames are counted towards a start
+    SPEAKING = "speaking"  # a turn is open; any silence is shorter than every pause cue
+    PAUSED = "paused"  # the speculation cue of this pause was reported (the answer may start)
+    JUDGED = "judged"  # the judging cue of this pause was reported (is the turn over?)
+    PAUSED_JUDGED = "paused_judged"  # both cues of this pause were reported
+
+
+_PAUSE_ENDS = frozenset({TurnPhase.QUIET, TurnPhase.SPEAKING})  # the turn ends, or voice resumes it
+
+TURN_TRANSITIONS: Mapping[TurnPhase, frozenset[TurnPhase]] = {
+    TurnPhase.QUIET: frozenset({TurnPhase.SPEAKING}),
+    # silence or the longest turn ends it; a pause gives one cue or both at once
+    TurnPhase.SPEAKING: frozenset({TurnPhase.QUIET, TurnPhase.PAUSED, TurnPhase.JUDGED, TurnPhase.PAUSED_JUDGED}),
+    TurnPhase.PAUSED: _PAUSE_ENDS | {TurnPhase.PAUSED_JUDGED},
+    TurnPhase.JUDGED: _PAUSE_ENDS | {TurnPhase.PAUSED_JUDGED},
+    TurnPhase.PAUSED_JUDGED: _PAUSE_ENDS,
+}
+
+S = TypeVar("S", CallState, ResponseState, TurnPhase)
 
 
 class StateMachine(Generic[S]):
