@@ -1,5 +1,6 @@
-"""The turn detector's phases (``states.TurnPhase``): its table is whole, a move it does not allow
-raises, and frame verdicts walk a detector through the phases its cues say. The detector decides
+"""The turn detector's phases (``states.TurnPhase``) and the listening barge-in's
+(``states.ListenPhase``): each table is whole, a move it does not allow raises, and frame
+verdicts walk each through the phases they say. The detector decides
 on stream time, so frames are pushed as voiced/unvoiced verdicts, 20 ms each: no clock, no audio."""
 
 from __future__ import annotations
@@ -8,8 +9,16 @@ import itertools
 
 import pytest
 
-from duplex.config.session import VadConfig
-from duplex.session.states import TURN_TRANSITIONS, IllegalTransition, StateMachine, TurnPhase
+from duplex.config.session import BargeInConfig, VadConfig
+from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
+from duplex.session.states import (
+    LISTEN_TRANSITIONS,
+    TURN_TRANSITIONS,
+    IllegalTransition,
+    ListenPhase,
+    StateMachine,
+    TurnPhase,
+)
 from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, StopReason, TurnDetector
 
 P = TurnPhase
@@ -111,3 +120,52 @@ def test_reset_and_carry_on_move_from_any_phase():
     # the silence since the voice's end counted: 300 ms more of it ends the turn (silence_ms 500)
     cues = push(detector, "0" * 15, start_ms=400)
     assert isinstance(cues[-1][0], SpeechStopped) and cues[-1][0].end_ms == 200
+
+
+# -- the listening barge-in's phases (overlap.Listening) --------------------------------------------
+def _listening(words_coming: bool = True) -> Listening[str]:
+    heard: Listening[str] = Listening()
+    assert heard.phase is ListenPhase.IDLE and not heard.active
+    heard.begin(OverlapJudge(BargeInConfig(), onset_ms=1000, now_ms=1080, voiced_ms=80), "reply", words_coming)
+    return heard
+
+
+def _frames(heard: Listening[str], marks: str) -> list:
+    return [heard.push(FRAME_MS, mark == "1") for mark in marks]
+
+
+def test_the_listening_table_is_whole_and_refuses_what_it_does_not_list():
+    assert all(ListenPhase.IDLE in LISTEN_TRANSITIONS[p] for p in ListenPhase if p is not ListenPhase.IDLE)
+    assert set().union(*LISTEN_TRANSITIONS.values()) == set(ListenPhase)
+    machine = StateMachine("listening", ListenPhase.IDLE, LISTEN_TRANSITIONS)
+    with pytest.raises(IllegalTransition, match="idle -> waiting_words"):
+        machine.move(ListenPhase.WAITING_WORDS)
+
+
+def test_a_sound_that_ends_waits_for_its_words_goes_on_when_voice_comes_back_and_settles_idle():
+    resume_frames = BargeInConfig().resume_ms // FRAME_MS
+    heard = _listening()
+    assert heard.phase is ListenPhase.JUDGING
+    assert _frames(heard, "1" * 5 + "0" * resume_frames) == [None] * (5 + resume_frames)
+    assert heard.phase is ListenPhase.WAITING_WORDS and heard.waiting_words  # the sound says resume
+    assert _frames(heard, "1") == [None] and heard.phase is ListenPhase.JUDGING  # ... but it goes on
+    verdict, reply = heard.heard("Stop", final=False)
+    assert verdict.interrupts and reply == "reply" and heard.phase is ListenPhase.IDLE
+    heard.drop()  # nothing to drop: it stays idle
+    assert heard.phase is ListenPhase.IDLE
+
+
+def test_without_words_the_sound_settles_straight_from_judging_and_a_second_begin_is_refused():
+    resume_frames = BargeInConfig().resume_ms // FRAME_MS
+    heard = _listening(words_coming=False)
+    phases = []
+    for mark in "1" * 5 + "0" * resume_frames:
+        settled = heard.push(FRAME_MS, mark == "1")
+        phases.append(heard.phase)
+    assert settled is not None and settled[0].kind is OverlapKind.NOISE  # 180 ms voiced: under noise_ms
+    assert phases == [ListenPhase.JUDGING] * (4 + resume_frames) + [ListenPhase.IDLE]  # never waiting
+    heard = _listening()
+    with pytest.raises(IllegalTransition, match="judging -> judging"):
+        heard.begin(OverlapJudge(BargeInConfig(), onset_ms=2000, now_ms=2080, voiced_ms=80), "another")
+    heard.drop()
+    assert heard.phase is ListenPhase.IDLE and heard.judge is None

@@ -1,6 +1,7 @@
 """The session's state machines, each with its states and legal transitions in one table:
 the call's (what the conversation is doing), each response's (where one answer is in its
-life) and the turn detector's (where the caller's turn is: ``turns.TurnDetector``). Moving to a
+life) the turn detector's (where the caller's turn is: ``turns.TurnDetector``) and the listening
+barge-in's (``overlap.Listening``). Moving to a
 state the table does not allow from the current one raises ``IllegalTransition``: that is a bug
 in the session, never something a caller can cause."""
 
@@ -82,7 +83,24 @@ TURN_TRANSITIONS: Mapping[TurnPhase, frozenset[TurnPhase]] = {
     TurnPhase.PAUSED_JUDGED: _PAUSE_ENDS,
 }
 
-S = TypeVar("S", CallState, ResponseState, TurnPhase)
+
+class ListenPhase(str, enum.Enum):
+    """Where the barge-in that listens is (``overlap.Listening``)."""
+
+    IDLE = "idle"  # no reply is paused
+    JUDGING = "judging"  # a reply is paused at an onset; the sound is judged frame by frame
+    WAITING_WORDS = "waiting_words"  # the sound says resume; the reply stays paused for its final words
+
+
+LISTEN_TRANSITIONS: Mapping[ListenPhase, frozenset[ListenPhase]] = {
+    ListenPhase.IDLE: frozenset({ListenPhase.JUDGING}),
+    # settled (or dropped); the sound ended and would resume the reply, but its words are coming
+    ListenPhase.JUDGING: frozenset({ListenPhase.IDLE, ListenPhase.WAITING_WORDS}),
+    # settled (or dropped); voice again: the sound goes on
+    ListenPhase.WAITING_WORDS: frozenset({ListenPhase.IDLE, ListenPhase.JUDGING}),
+}
+
+S = TypeVar("S", CallState, ResponseState, TurnPhase, ListenPhase)
 
 
 class StateMachine(Generic[S]):
