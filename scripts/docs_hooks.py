@@ -46,7 +46,7 @@ def _sections() -> list[tuple[str, str, type[BaseModel]]]:
     from duplex.edge.twilio.config import TwilioLimits
     from duplex.models.engine.stages import EngineThinkerArgs
     from duplex.server.watch import WatchConfig
-    from duplex.session.config import SessionConfig
+    from duplex.config.session import SessionConfig
 
     return [
         ("Pipeline", "the pipeline YAML file (`--config`), or `duplex serve --KEY VALUE`", PipelineConfig),

@@ -11,11 +11,11 @@ import numpy as np
 
 from duplex.audio import resample
 from duplex.config.pipeline import StageConfig
+from duplex.config.session import VadConfig
 from duplex.models.local.assets import piper_voice_paths
 from duplex.models.local.tts import PiperSynth
 from duplex.runtime.contract import AgentText, BuildContext, CallerAudio, Heard, Transcript, TurnRequest
 from duplex.runtime.scheduler import Emit, Scheduler, WorkItem
-from duplex.session.config import VadConfig
 from duplex.session.vad import FrameClassifier
 
 ORDER = "I would like a bubble tea with less ice."

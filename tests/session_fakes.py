@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from duplex.config.session import SessionConfig
 from duplex.models.toy_voice.synth import speak
 from duplex.runtime.contract import (
     SESSION_RATE,
@@ -27,11 +28,10 @@ from duplex.runtime.contract import (
     StageError,
     Transcript,
 )
-from duplex.session import events as ev
-from duplex.session.config import SessionConfig
 from duplex.session.endpoint import TurnEndModel
 from duplex.session.playout import OutputFormat
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus
+from duplex.session.realtime import events as ev
 from duplex.session.session import VoiceSession
 
 FRAME_MS = 20

@@ -17,17 +17,17 @@ import pytest
 
 from duplex.config import load_pipeline
 from duplex.config.pipeline import AdmissionConfig
+from duplex.config.session import SessionConfig
 from duplex.models.registry import BUILDERS
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.load import LoadMonitor
 from duplex.server.admission import LoadAdmission
 from duplex.server.runtime_adapter import CoordinatorRuntime
-from duplex.session import events as ev
-from duplex.session.client_items import ClientTurn
-from duplex.session.config import SessionConfig
 from duplex.session.manager import ServerOverloaded, SessionManager, StageDown
 from duplex.session.observe import Refusal
 from duplex.session.playout import OutputFormat
+from duplex.session.realtime import events as ev
+from duplex.session.realtime.client_items import ClientTurn
 from tests.runtime_helpers import wait_for
 
 pytestmark = pytest.mark.slow

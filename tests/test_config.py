@@ -5,6 +5,7 @@ import pytest
 
 from duplex.config import ConfigError, check_pipeline, load_pipeline, pipeline_from_dict
 from duplex.config.loader import resolve_config_path
+from duplex.config.session import SessionConfig
 from duplex.models.registry import BUILDERS
 
 
@@ -53,6 +54,23 @@ def test_bad_overrides_name_the_key(overrides, fragment):
 def test_unknown_key_in_yaml_is_named():
     with pytest.raises(ConfigError, match=r"unknown key stages\[0\] \(a\)\.colour"):
         pipeline_from_dict(two_stages(colour="red"))
+
+
+@pytest.mark.parametrize("session, fragment", [
+    ({"vad": {"silence_ms": 5}}, "session.vad.silence_ms: Input should be greater than or equal to 60"),
+    ({"vad": {"silnce_ms": 500}}, "unknown key session.vad.silnce_ms"),
+    ({"preemptive_generation": {"enabled": True, "pause_ms": 600}}, "session: preemptive_generation.pause_ms (600)"),
+])
+def test_the_session_block_is_checked_at_load(session, fragment):
+    with pytest.raises(ConfigError) as err:
+        pipeline_from_dict({**two_stages(), "session": session})
+    assert fragment in str(err.value)
+
+
+def test_the_session_block_loads_typed():
+    cfg = pipeline_from_dict({**two_stages(), "session": {"turn_detection": "semantic_vad"}})
+    assert isinstance(cfg.session, SessionConfig) and cfg.session.semantic_turns
+    assert pipeline_from_dict(two_stages()).session == SessionConfig()
 
 
 def test_dangling_edge_is_named():

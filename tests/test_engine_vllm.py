@@ -19,6 +19,7 @@ import pytest
 
 from duplex.audio import resample
 from duplex.config.pipeline import StageConfig
+from duplex.config.session import BargeInConfig
 from duplex.models.engine.client import EngineClient, EngineSettings
 from duplex.models.engine.thinker import EngineThinker, ThinkerSettings
 from duplex.models.local import assets
@@ -26,7 +27,6 @@ from duplex.models.local.asr import WhisperTranscriber
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
 from duplex.runtime.contract import AgentText, ToolCallDone, ToolSpec, Transcript, TurnRequest, WorkItem
 from duplex.runtime.schedulers.stream import StreamScheduler
-from duplex.session.config import BargeInConfig
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess
 from duplex_tools.probes import ask, hear

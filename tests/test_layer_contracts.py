@@ -49,8 +49,10 @@ def test_the_tree_keeps_its_contracts(tree: Path) -> None:
      "Edge rooms: the front over the doors, doors apart, shared parts below"),
     ("duplex/edge/media/_violation.py", "from duplex.edge.phone import bridge\n",
      "Edge rooms: the front over the doors, doors apart, shared parts below"),
-    ("duplex/edge/media/_violation.py", "from duplex.session import events\n",
+    ("duplex/edge/media/_violation.py", "from duplex.session.realtime import events\n",
      "The shared media and rate limits know no session and no runtime"),
+    ("duplex/session/turns.py", "from duplex.session.realtime import events\n",
+     "The conversation core knows no Realtime wire event"),
     ("duplex/edge/door/__init__.py", "",
      "Edge rooms: the front over the doors, doors apart, shared parts below"),
 ])

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from duplex.audio import resample
+from duplex.config.session import BargeInConfig
 from duplex.models.local import assets
 from duplex.models.local.asr import WhisperTranscriber
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
-from duplex.session.config import BargeInConfig
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess
 from duplex_tools.probes import ask, hear

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from duplex.audio import resample
+from duplex.config.session import SemanticTurnConfig
 from duplex.models.smart_turn import SmartTurn
-from duplex.session.config import SemanticTurnConfig
 from duplex_tools.client import RATE
 from duplex_tools.scenario.audio import step_audio
 from duplex_tools.scenario.model import Scenario

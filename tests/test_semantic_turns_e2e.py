@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from duplex.audio import resample
-from duplex.session.config import SessionConfig
+from duplex.config.session import SessionConfig
 from duplex_tools.client import RATE, RealtimeClient
 from duplex_tools.harness import ServerProcess
 from tests.local_helpers import speak

@@ -11,10 +11,10 @@ import json
 
 import pytest
 
+from duplex.config.session import EchoConfig, SessionConfig
 from duplex.runtime.contract import SESSION_RATE, Heard, SessionEnd, TurnRequest
-from duplex.session import events as ev
-from duplex.session.config import EchoConfig, SessionConfig
-from duplex.session.protocol import handle_client_message
+from duplex.session.realtime import events as ev
+from duplex.session.realtime.protocol import handle_client_message
 from duplex.session.session import FEED_MS
 from tests.session_fakes import ARRIVAL_LAG_S, CLOCK_START, FRAME_MS, Call, words
 

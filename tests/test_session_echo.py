@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from duplex.config.session import EchoConfig, VadConfig
 from duplex.models.toy_voice.synth import speak
-from duplex.session.config import EchoConfig, VadConfig
 from duplex.session.echo import EchoGate
 from duplex.session.turns import SpeechStarted, TurnDetector
 from duplex.session.vad import FrameClassifier

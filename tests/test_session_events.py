@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from duplex.session import events as ev
-from duplex.session.config import SessionConfig
-from duplex.session.protocol import apply_settings
+from duplex.config.session import BargeInConfig, PreemptConfig, SemanticTurnConfig, SessionConfig, VadConfig
+from duplex.session.realtime import events as ev
+from duplex.session.realtime.protocol import apply_settings
 
 
 @pytest.mark.parametrize("raw, code", [
@@ -67,6 +67,37 @@ def test_settings_at_their_bounds_are_taken():
         "input_audio_transcription": {"model": "whisper-1"}}}))
     config = apply_settings(SessionConfig(), update.session)
     assert (config.vad.prefix_padding_ms, config.vad.silence_ms) == (2000, 10000)
+
+
+# each client setting that a config field holds, the session update's path to it, and the field
+_CLIENT_FIELDS = [
+    (("turn_detection", "prefix_padding_ms"), VadConfig, "prefix_padding_ms"),
+    (("turn_detection", "silence_duration_ms"), VadConfig, "silence_ms"),
+    (("turn_detection", "speculate_ms"), SemanticTurnConfig, "speculate_ms"),
+    (("preemptive_generation", "pause_ms"), PreemptConfig, "pause_ms"),
+    (("barge_in", "interrupt_ms"), BargeInConfig, "interrupt_ms"),
+    (("barge_in", "resume_ms"), BargeInConfig, "resume_ms"),
+    (("barge_in", "max_overlap_ms"), BargeInConfig, "max_overlap_ms"),
+    (("barge_in", "words_wait_ms"), BargeInConfig, "words_wait_ms"),
+]
+
+
+@pytest.mark.parametrize(("path", "model", "name"), _CLIENT_FIELDS)
+def test_a_client_setting_takes_its_range_from_the_config_field(path, model, name):
+    """The range is declared once (config.py): a client value at each end of the config field's
+    range decodes, one past either end is refused when the event is decoded."""
+    low = next(m.ge for m in model.model_fields[name].metadata if hasattr(m, "ge"))
+    high = next(m.le for m in model.model_fields[name].metadata if hasattr(m, "le"))
+
+    def update(value: int) -> str:
+        return json.dumps({"type": "session.update", "session": {path[0]: {path[1]: value}}})
+
+    for value in (low, high):
+        ev.decode_client_event(update(value))
+    for value, bound in ((low - 1, f">= {low}"), (high + 1, f"<= {high}")):
+        with pytest.raises(ev.ClientEventError) as info:
+            ev.decode_client_event(update(value))
+        assert ".".join(path) in str(info.value) and bound in str(info.value)
 
 
 def test_settings_in_ga_and_beta_shapes_map_onto_the_vad():

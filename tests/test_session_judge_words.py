@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from duplex.session import events as ev
-from duplex.session.config import SessionConfig
+from duplex.config.session import SessionConfig
+from duplex.session.realtime import events as ev
 from tests.session_fakes import Call, words
 from tests.test_session_endpoint import LOOP_STEPS, ScriptedModel, judged, speak_then_pause
 

@@ -1,4 +1,4 @@
-"""Function calling in a session (duplex/session/tools.py), in process against a scripted runtime:
+"""Function calling in a session (duplex/session/realtime/tools.py), in process against a scripted runtime:
 tools declared and checked, a model's call announced as Realtime events, the client's result
 carried to the next request and answered, a barge-in fencing a pending call, bad input refused
 with an error event while the call goes on."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 from duplex.runtime.contract import ToolCallDelta, ToolCallDone, ToolOutput, ToolSpec
-from duplex.session import events as ev
-from duplex.session import tool_events as tev
-from duplex.session.protocol import MAX_EVENT_BYTES, handle_client_message
+from duplex.session.realtime import events as ev
+from duplex.session.realtime import tool_events as tev
+from duplex.session.realtime.protocol import MAX_EVENT_BYTES, handle_client_message
 from tests.session_fakes import Call
 from tests.test_session_call import ask, play_until_idle
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from duplex.session.config import VadConfig
+from duplex.config.session import VadConfig
 from duplex.session.turns import SpeechStarted, SpeechStopped, TurnDetector
 from duplex.session.vad import FrameClassifier
 from duplex_tools.harness import espeak

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from ops_helpers import prometheus
 
-from duplex.session.config import VadConfig
+from duplex.config.session import VadConfig
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess, espeak
 from duplex_tools.probes import ask, barge_in, next_response

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from duplex.config.session import SessionConfig
 from duplex.runtime.contract import SESSION_RATE, AgentAudio, AgentText, Transcript
 from duplex.server.metrics import CallMetrics, MetricsTap
 from duplex.server.recording import RATE, CallRecording, Recorder
-from duplex.session import events as ev
-from duplex.session.config import SessionConfig
 from duplex.session.manager import ServerDraining, SessionManager, SessionsFull
 from duplex.session.observe import Refusal
 from duplex.session.playout import OutputFormat
+from duplex.session.realtime import events as ev
 from duplex.session.turn_timing import PARTS, TurnTiming
 
 FORMAT = OutputFormat(sample_rate=48000, channels=2, frame_ms=20)

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from duplex.config.graph import validate_graph
+from duplex.config.session import SessionConfig
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
@@ -170,9 +171,9 @@ class PipelineConfig(_Strict):
     relay: RelayConfig = Field(default_factory=RelayConfig)
     supervision: SupervisionConfig = Field(default_factory=SupervisionConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
-    # Default settings of the sessions served on this pipeline (duplex.session.config.SessionConfig
-    # fields, checked by `duplex serve`): e.g. preemptive_generation, end_of_session_request.
-    session: dict[str, Any] = Field(default_factory=dict)
+    # Default settings of the sessions served on this pipeline (checked at load, like the rest):
+    # e.g. preemptive_generation, end_of_session_request, turn_detection.
+    session: SessionConfig = Field(default_factory=SessionConfig)
 
     @field_validator("devices", mode="before")
     @classmethod

@@ -14,7 +14,7 @@ import time
 import msgspec
 import numpy as np
 
-from duplex.session import events as ev
+from duplex.session.realtime import events as ev
 
 log = logging.getLogger("duplex.calls")
 _encoder = msgspec.json.Encoder()

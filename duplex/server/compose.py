@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from duplex.config import PipelineConfig
+from duplex.config.session import SessionConfig
 from duplex.edge.config import EdgeConfig
 from duplex.edge.http.app import create_app
 from duplex.edge.http.auth import Access
@@ -32,7 +33,6 @@ from duplex.server.admission import LoadAdmission
 from duplex.server.runtime_adapter import CoordinatorRuntime
 from duplex.server.turn_end import load_turn_end_model
 from duplex.server.watch import ServerWatch, WatchConfig
-from duplex.session.config import SessionConfig
 from duplex.session.manager import SessionManager
 
 

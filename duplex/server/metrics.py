@@ -26,10 +26,10 @@ from duplex.runtime.coordinator import Coordinator, StageStatsView
 from duplex.runtime.step_stats import STEP_BUCKETS_S
 from duplex.runtime.supervisor import ProcessState
 from duplex.server.admission import LoadAdmission
-from duplex.session import events as ev
 from duplex.session.manager import SessionManager
 from duplex.session.observe import Refusal
 from duplex.session.playout import OutputFormat
+from duplex.session.realtime import events as ev
 from duplex.session.turn_timing import PARTS
 
 TURN_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)

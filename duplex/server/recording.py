@@ -25,9 +25,9 @@ import msgspec
 import numpy as np
 
 from duplex.audio import SESSION_RATE, Resampler
-from duplex.session import events as ev
 from duplex.session.clock import InputClock
 from duplex.session.playout import OutputFormat
+from duplex.session.realtime import events as ev
 
 log = logging.getLogger("duplex.recording")
 RATE = SESSION_RATE  # the caller's audio comes at this rate; the agent's is converted to it

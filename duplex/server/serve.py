@@ -14,11 +14,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from duplex.config import ConfigError, load_pipeline
+from duplex.config.session import SessionConfig
 from duplex.edge import door_args
 from duplex.edge.config import EdgeConfig
 from duplex.server import phone_edges
 from duplex.server.watch import WatchConfig
-from duplex.session.config import SessionConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -95,12 +95,14 @@ def engine_overrides(config: str | None, llm: str | None, model: str | None,
     return config or "engine", [*overrides, "--thinker.args.base_url", llm, "--thinker.args.model", model]
 
 
-def session_defaults(settings: dict, instructions: str) -> SessionConfig:
-    """The pipeline config's ``session`` block (checked here) with the command line's instructions."""
+def session_defaults(settings: SessionConfig, instructions: str) -> SessionConfig:
+    """The pipeline config's ``session`` block (checked at load) with the command line's instructions."""
+    if not instructions:
+        return settings
     try:
-        return SessionConfig.model_validate({**settings, **({"instructions": instructions} if instructions else {})})
+        return SessionConfig.model_validate({**settings.model_dump(), "instructions": instructions})
     except ValidationError as exc:
-        raise ValueError(f"session settings of the pipeline config: {exc}") from None
+        raise ValueError(f"--instructions: {exc}") from None
 
 
 def _add_watch_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,10 +18,10 @@ from duplex.runtime.coordinator import Coordinator
 from duplex.server import call_log
 from duplex.server.metrics import ServerMetrics
 from duplex.server.recording import Recorder
-from duplex.session import events as ev
 from duplex.session.manager import SessionManager
 from duplex.session.observe import CallTap, Refusal
 from duplex.session.playout import OutputFormat
+from duplex.session.realtime import events as ev
 
 log = logging.getLogger("duplex.server")
 

@@ -7,7 +7,7 @@ from collections import deque
 
 import numpy as np
 
-from duplex.runtime.contract import SESSION_RATE
+from duplex.audio import SESSION_RATE
 
 _GAP_S = 0.1  # arriving this much later than the stream clock predicts means samples were skipped
 SETTLE_S = 1.0  # with stream positions: lateness must last this long to move the clock forward

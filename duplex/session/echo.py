@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from duplex.runtime.contract import SESSION_RATE
-from duplex.session.config import EchoConfig
+from duplex.audio import SESSION_RATE
+from duplex.config.session import EchoConfig
 
 TRACK_MS = 200  # input span used to find the delay; long enough to hold a syllable
 _TRACK_MIN_CORRELATION = 0.8  # a delay is adopted only from a clear match

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from duplex.session.config import SemanticTurnConfig
+from duplex.config.session import SemanticTurnConfig
+from duplex.session.words import HANGING_WORDS, NEVER_LAST
 
 
 class TurnEndModel(Protocol):
@@ -38,16 +39,6 @@ class TurnEndModel(Protocol):
     async def complete_probability(self, audio: np.ndarray) -> float: ...
 
 
-# Words an English turn rarely ends on. Kept short: a word here vetoes the model's "complete".
-# No sentence ends on these, asked or told: fillers, articles, conjunctions, possessives, a
-# contraction waiting for its verb ("Can I get a?" is cut short whatever the ASR wrote).
-NEVER_LAST = frozenset(("um", "uh", "er", "erm", "ah", "the", "a", "an", "and", "but", "or", "because", "if",
-                        "than", "my", "your", "our", "their", "its", "i'd", "i'm", "i'll", "we're", "you're"))
-# A statement rarely ends on these, but a question often does: a stranded preposition ("Who is it
-# for?", "What are you looking at?") or verb ("What would you like?", "Could you tell me what time
-# it is?"), so in a transcript the ASR wrote as a question they do not hang.
-HANGING_WORDS = NEVER_LAST | frozenset(("to", "of", "for", "with", "at", "from", "by", "about", "into", "want",
-                                        "like", "is"))
 _WORD = re.compile(r"[a-z']+")
 
 

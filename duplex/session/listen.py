@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+from duplex.config.session import SessionConfig
 from duplex.runtime.contract import CallerAudio, Transcript
-from duplex.session.announce import Announcer
-from duplex.session.config import SessionConfig
-from duplex.session.observe import SessionCounters
+from duplex.session.counters import SessionCounters
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
 from duplex.session.overlap_words import OverlapEars
 from duplex.session.playout import Playout
@@ -25,6 +24,17 @@ from duplex.session.turn_audio import TurnAudio
 from duplex.session.turns import TurnDetector
 
 
+class OverlapTeller(Protocol):
+    """What the listener tells the client (the session's ``realtime.announce.Announcer`` spells it): the
+    conversation core names what happened and knows no wire events."""
+
+    def paused(self, response: Response, played_ms: int, onset_ms: int) -> None: ...
+
+    def overlap_judged(self, response: Response, verdict: OverlapVerdict) -> None: ...
+
+    def resumed(self, response: Response, played_ms: int, verdict: OverlapVerdict) -> None: ...
+
+
 class ListenHost(Protocol):
     """What the listener needs of its session."""
 
@@ -32,9 +42,11 @@ class ListenHost(Protocol):
     playout: Playout
     audio: TurnAudio
     detector: TurnDetector
-    tell: Announcer
     counters: SessionCounters
     last_barge_in_ms: float | None
+
+    @property
+    def tell(self) -> OverlapTeller: ...
 
     @property
     def stream_ms(self) -> int: ...  # caller audio classified so far
@@ -72,8 +84,9 @@ class BargeInListener:
         host = self._host
         played = host.playout.pause() if host.playout.item_id == response.item_id else response.played_ms
         host.last_barge_in_ms = 1000 * (host.now() - host.time_at(onset_ms))
-        voiced_ms = min(host.detector.min_speech_ms, host.stream_ms - onset_ms)
         vad, barge_in = host.config.vad, host.config.barge_in
+        # the voiced audio that started this onset: a live reply in listen mode asks only this much
+        voiced_ms = min(vad.min_speech_ms, barge_in.pause_speech_ms, host.stream_ms - onset_ms)
         judge = OverlapJudge(barge_in, onset_ms, host.stream_ms, voiced_ms, vad.silence_ms - vad.frame_ms,
                              word_ms=vad.min_speech_ms)
         words = barge_in.words and host.config.overlap_probe_request

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from duplex.session import events as ev
-from duplex.session.config import SessionConfig
+from duplex.config.session import SessionConfig
 from duplex.session.endpoint import TurnEndModel
 from duplex.session.observe import CallObserver, CallTap, Refusal
 from duplex.session.playout import OutputFormat
 from duplex.session.port import VoiceRuntime
+from duplex.session.realtime import events as ev
 from duplex.session.session import VoiceSession
 
 

@@ -8,32 +8,14 @@ nothing (``--no-metrics``)."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from duplex.session import events as ev
 from duplex.session.playout import OutputFormat, PulledFrame
+from duplex.session.realtime import events as ev
 from duplex.session.response import Response
 from duplex.session.states import ResponseState
-
-
-@dataclass
-class SessionCounters:
-    """What one call's session counted (its stats; the server's metrics read them)."""
-
-    turns: int = 0
-    responses: int = 0
-    barge_ins: int = 0
-    cancelled: int = 0
-    errors: int = 0
-    preemptive_starts: int = 0
-    preemptive_aborts: int = 0
-    preemptive_commits: int = 0
-    resumed: int = 0  # onsets during a reply that were backchannels or noises: it played on
-    judged_complete: int = 0  # semantic turns: pauses judged the turn's end (before the longest pause)
-    judged_incomplete: int = 0  # ... judged not (the turn waited for more)
 
 
 class Refusal(str, enum.Enum):

@@ -45,8 +45,9 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-from duplex.session.config import BargeInConfig
+from duplex.config.session import BargeInConfig
 from duplex.session.overlap_words import Said, credible, spoken_words, what_words_say
+from duplex.session.states import LISTEN_TRANSITIONS, ListenPhase, StateMachine
 
 R = TypeVar("R")
 
@@ -144,16 +145,21 @@ class Listening(Generic[R]):
     a sound soon after continues)."""
 
     def __init__(self) -> None:
-        self.judge: OverlapJudge | None = None
-        self.reply: R | None = None
+        self._machine = StateMachine("listening", ListenPhase.IDLE, LISTEN_TRANSITIONS)
+        self.judge: OverlapJudge | None = None  # set while not idle
+        self.reply: R | None = None  # ... and the reply paused
         self._last: tuple[OverlapVerdict, R] | None = None
         self._words_coming = False  # the overlap's audio is being transcribed
         self._final: str | None = None  # its final words, once heard
-        self._held: OverlapVerdict | None = None  # the sound's resume verdict, waiting for the words
+        self._held: OverlapVerdict | None = None  # waiting for the words: the sound's resume verdict
+
+    @property
+    def phase(self) -> ListenPhase:
+        return self._machine.state
 
     @property
     def active(self) -> bool:
-        return self.judge is not None
+        return self.phase is not ListenPhase.IDLE
 
     @property
     def words_coming(self) -> bool:
@@ -163,7 +169,14 @@ class Listening(Generic[R]):
     @property
     def waiting_words(self) -> bool:
         """The sound has ended (it would resume the reply) and its final words are awaited."""
-        return self._held is not None
+        return self.phase is ListenPhase.WAITING_WORDS
+
+    def _hold(self, verdict: OverlapVerdict | None) -> None:
+        """The sound's resume verdict held for the words (None: the sound goes on, or is decided)."""
+        self._held = verdict
+        phase = ListenPhase.JUDGING if verdict is None else ListenPhase.WAITING_WORDS
+        if self.phase is not phase:
+            self._machine.move(phase)
 
     def words_final_due(self) -> bool:
         """The sound has been over long enough that its words are final (or it says resume)."""
@@ -177,6 +190,7 @@ class Listening(Generic[R]):
         """``words``: the overlap's audio is being transcribed; ``heard`` will tell its words."""
         if self._last is not None and self._last[1] is reply:
             judge.continues(self._last[0])
+        self._machine.move(ListenPhase.JUDGING)
         self.judge, self.reply = judge, reply
         self._words_coming, self._final, self._held = words, None, None
 
@@ -185,11 +199,11 @@ class Listening(Generic[R]):
         assert self.judge is not None and self.reply is not None
         verdict = self.judge.push(frame_ms, voiced)
         if verdict is None or verdict.interrupts or not self._words_coming:
-            self._held = None  # the sound goes on (or is decided): its end is still to come
+            self._hold(None)  # the sound goes on (or is decided): its end is still to come
             return None if verdict is None else self._settle(verdict)
         if self._final is not None and not self._more_to_come(self._final):
             return self._settle(self._by_words(verdict, self._final))
-        self._held = verdict
+        self._hold(verdict)
         if self.judge.sound_ended_ms >= self.judge.config.words_wait_ms:
             return self._settle(verdict)  # no words in time: the sound decides
         return None
@@ -222,7 +236,8 @@ class Listening(Generic[R]):
         if self.judge is None or self._final is not None:
             return None
         self._words_coming = False
-        held, self._held = self._held, None
+        held = self._held
+        self._hold(None)
         return self._settle(held) if held is not None else None
 
     def rehear(self) -> None:
@@ -231,6 +246,8 @@ class Listening(Generic[R]):
         self._words_coming, self._final = True, None
 
     def drop(self) -> None:
+        if self.active:
+            self._machine.move(ListenPhase.IDLE)
         self.judge = self.reply = self._held = None
 
     def _says(self, text: str, voiced_ms: int) -> Said:
@@ -253,6 +270,7 @@ class Listening(Generic[R]):
     def _settle(self, verdict: OverlapVerdict) -> tuple[OverlapVerdict, R]:
         reply = self.reply
         assert reply is not None
+        self._machine.move(ListenPhase.IDLE)
         self.judge = self.reply = self._held = None
         if not verdict.interrupts:
             self._last = verdict, reply

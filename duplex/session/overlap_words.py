@@ -3,9 +3,9 @@
 The words: a transcript is normalised (lower case, punctuation and Whisper's bracketed sound
 notes like "(coughs)" dropped, "uh-huh" and "uh huh" alike, lone letters other than "I" dropped:
 Whisper spells a hum out as "M. H. N.") and is a backchannel when every word belongs to one of
-``BACKCHANNELS`` ("yeah okay", "oh I see"); interjections alone ("oh", "ah", "um", "huh", and
+``words.BACKCHANNELS`` ("yeah okay", "oh I see"); interjections alone ("oh", "ah", "um", "huh", and
 "ow", Whisper's hearing of a Piper "uh-huh") take no floor either. Other words take the floor
-(``what_words_say``) when there are ``barge_in.min_words`` of them, or one of ``FLOOR_WORDS``
+(``what_words_say``) when there are ``barge_in.min_words`` of them, or one of ``words.FLOOR_WORDS``
 ("stop", "wait", "sorry"); a lone other word ("I", "Emama.": Whisper's hearing of a Piper
 "uh-huh" and "mm-hmm") says too little, and the sound decides. No words at all (noise, a
 cough) says nothing.
@@ -30,21 +30,9 @@ from typing import Any
 
 from duplex.runtime.contract import CallerAudio, OverlapProbe, Transcript
 from duplex.session.port import Turn, TurnEnded, VoiceRuntime
+from duplex.session.words import BACKCHANNELS, FLOOR_WORDS
 
-# Each a phrase of normalised words; a transcript made only of these is a backchannel.
-BACKCHANNELS: frozenset[tuple[str, ...]] = frozenset(tuple(phrase.split()) for phrase in (
-    "uh huh", "uhhuh", "uh hum", "mm hmm", "mmhmm", "mhm", "mm", "mmm", "hmm", "hm", "um hmm", "aha", "ah", "oh",
-    "ooh", "yeah", "yea", "yes", "yep", "yup", "ya", "okay", "ok", "kay", "alright", "all right", "right",
-    "sure", "i see", "got it", "gotcha", "cool", "nice", "great", "good", "wow", "indeed", "exactly",
-    "of course", "that's right", "makes sense", "sounds good", "fine", "true",
-    "ow", "aw", "huh", "eh", "er", "um", "uh", "whoa", "ha", "haha",  # interjections
-))
 _LONGEST = max(len(phrase) for phrase in BACKCHANNELS)
-# Words that take the floor on their own: a one-word overlap is most often a backchannel Whisper
-# misheard ("I" for a Piper "uh-huh", "Emama." for its "mm-hmm"), unless it is one of these.
-FLOOR_WORDS = frozenset(("stop", "wait", "sorry", "no", "nope", "nah", "hold", "hang", "hey", "excuse", "pardon",
-                         "actually", "but", "what", "why", "how", "cancel", "pause", "quiet", "enough", "listen",
-                         "hello", "repeat", "again", "help", "operator"))
 MS_PER_WORD = 100  # voiced audio per word, at the least (10 words a second: faster than anyone speaks)
 _NOTES = re.compile(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*")  # Whisper's "(coughs)", "[Music]", "*sigh*"
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from duplex.audio import Resampler
-from duplex.runtime.contract import SESSION_RATE
+from duplex.audio import SESSION_RATE, Resampler
 from duplex.session.echo import EchoGate
 from duplex.session.playout import OutputFormat
 

@@ -9,7 +9,6 @@ import logging
 from collections.abc import Callable
 
 from duplex.runtime.contract import ErrorCode, StageError, Transcript
-from duplex.session.events import FunctionCallItem
 from duplex.session.heard import VoicedText
 from duplex.session.port import Turn, TurnEnded, TurnEvent, TurnStatus
 from duplex.session.states import RESPONSE_TRANSITIONS, ResponseState, StateMachine
@@ -29,7 +28,6 @@ class Response:
         self.user_item_id = user_item_id
         self._machine = StateMachine(f"response {self.id}", ResponseState.LISTENING, RESPONSE_TRANSITIONS)
         self.transcript: list[str] = []
-        self.calls: list[FunctionCallItem] = []  # the model's function calls (tools.py), listed in response.done
         self.held: list[TurnEvent] = []  # outputs waiting for the turn to be committed
         self.played_ms = 0
         self.audio_received_ms = 0.0  # agent audio the runtime delivered (played or not)

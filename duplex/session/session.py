@@ -30,32 +30,25 @@ from dataclasses import asdict
 import msgspec
 import numpy as np
 
-from duplex.runtime.contract import (
-    AgentAudio,
-    AgentText,
-    Heard,
-    ToolCallDelta,
-    ToolCallDone,
-    Transcript,
-    TurnRequest,
-)
-from duplex.session import events as ev
-from duplex.session.announce import Announcer
-from duplex.session.client_items import ClientItems, ClientTurn
+from duplex.config.session import SessionConfig
+from duplex.runtime.contract import AgentAudio, AgentText, Heard, ToolCallDelta, ToolCallDone, Transcript, TurnRequest
 from duplex.session.clock import InputFrames
-from duplex.session.config import SessionConfig
+from duplex.session.counters import SessionCounters
 from duplex.session.echo import EchoGate
 from duplex.session.endpoint import EndOfTurnJudge, TurnEndModel, TurnJudgement
 from duplex.session.listen import BargeInListener
-from duplex.session.observe import NO_TAP, CallTap, SessionCounters, starved
+from duplex.session.observe import NO_TAP, CallTap, starved
 from duplex.session.overlap import OverlapVerdict
 from duplex.session.playout import OutputFormat, Playout, PulledFrame
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus, VoiceRuntime, announce_session_end
+from duplex.session.realtime import events as ev
+from duplex.session.realtime.announce import Announcer
+from duplex.session.realtime.client_items import ClientItems, ClientTurn
+from duplex.session.realtime.tools import SessionTools
 from duplex.session.reference import OutputReference
 from duplex.session.response import Response
 from duplex.session.states import CALL_TRANSITIONS, CallState, ResponseState, StateMachine
 from duplex.session.tasks import SessionTasks
-from duplex.session.tools import SessionTools
 from duplex.session.turn_audio import TurnAudio
 from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 from duplex.session.vad import FrameClassifier
@@ -93,7 +86,7 @@ class VoiceSession:
         self.last_ttfa_ms: float | None = None
         self.last_barge_in_ms: float | None = None
         self.items = ClientItems(session_id, self.tell.emit, self.classifier)
-        self.tools = SessionTools(self.tell.emit, self.items.new_id)  # function calling (tools.py)
+        self.tools = SessionTools(self.tell, self.items.new_id)  # function calling (tools.py)
         self.tap: CallTap = NO_TAP  # the server's watch on this call (metrics, recording); see observe.py
         self.judge = EndOfTurnJudge(config.semantic, turn_end, self._tasks.spawn, self._on_judged)
         self.judge.reconfigure(config.semantic, config.semantic_turns)
@@ -149,8 +142,7 @@ class VoiceSession:
         self.audio.hear(frame, voiced)
         if self.detector.speaking or self.listener.active:
             self._stream_caller_audio(frame, voiced)
-        self.detector.min_speech_ms = self._speech_start_ms()
-        cue = self.detector.push(frame_start_ms, voiced)
+        cue = self.detector.push(frame_start_ms, voiced, self._speech_start_ms())
         if self.listener.active:  # the judge decides what this sound is; no other cue counts
             self.listener.listen(voiced)
         elif isinstance(cue, SpeechStarted):

@@ -1,7 +1,9 @@
-"""The session's two state machines, each with its states and legal transitions in one table:
-the call's (what the conversation is doing) and each response's (where one answer is in its
-life). Moving to a state the table does not allow from the current one raises
-``IllegalTransition``: that is a bug in the session, never something a caller can cause."""
+"""The session's state machines, each with its states and legal transitions in one table:
+the call's (what the conversation is doing), each response's (where one answer is in its
+life) the turn detector's (where the caller's turn is: ``turns.TurnDetector``) and the listening
+barge-in's (``overlap.Listening``). Moving to a
+state the table does not allow from the current one raises ``IllegalTransition``: that is a bug
+in the session, never something a caller can cause."""
 
 from __future__ import annotations
 
@@ -59,7 +61,46 @@ RESPONSE_TRANSITIONS: Mapping[ResponseState, frozenset[ResponseState]] = {
     ResponseState.FAILED: frozenset(),
 }
 
-S = TypeVar("S", CallState, ResponseState)
+
+class TurnPhase(str, enum.Enum):
+    """Where the caller's turn is, as the turn detector sees it (stream time, per frame)."""
+
+    QUIET = "quiet"  # no turn: voiced frames are counted towards a start
+    SPEAKING = "speaking"  # a turn is open; any silence is shorter than every pause cue
+    PAUSED = "paused"  # the speculation cue of this pause was reported (the answer may start)
+    JUDGED = "judged"  # the judging cue of this pause was reported (is the turn over?)
+    PAUSED_JUDGED = "paused_judged"  # both cues of this pause were reported
+
+
+_PAUSE_ENDS = frozenset({TurnPhase.QUIET, TurnPhase.SPEAKING})  # the turn ends, or voice resumes it
+
+TURN_TRANSITIONS: Mapping[TurnPhase, frozenset[TurnPhase]] = {
+    TurnPhase.QUIET: frozenset({TurnPhase.SPEAKING}),
+    # silence or the longest turn ends it; a pause gives one cue or both at once
+    TurnPhase.SPEAKING: frozenset({TurnPhase.QUIET, TurnPhase.PAUSED, TurnPhase.JUDGED, TurnPhase.PAUSED_JUDGED}),
+    TurnPhase.PAUSED: _PAUSE_ENDS | {TurnPhase.PAUSED_JUDGED},
+    TurnPhase.JUDGED: _PAUSE_ENDS | {TurnPhase.PAUSED_JUDGED},
+    TurnPhase.PAUSED_JUDGED: _PAUSE_ENDS,
+}
+
+
+class ListenPhase(str, enum.Enum):
+    """Where the barge-in that listens is (``overlap.Listening``)."""
+
+    IDLE = "idle"  # no reply is paused
+    JUDGING = "judging"  # a reply is paused at an onset; the sound is judged frame by frame
+    WAITING_WORDS = "waiting_words"  # the sound says resume; the reply stays paused for its final words
+
+
+LISTEN_TRANSITIONS: Mapping[ListenPhase, frozenset[ListenPhase]] = {
+    ListenPhase.IDLE: frozenset({ListenPhase.JUDGING}),
+    # settled (or dropped); the sound ended and would resume the reply, but its words are coming
+    ListenPhase.JUDGING: frozenset({ListenPhase.IDLE, ListenPhase.WAITING_WORDS}),
+    # settled (or dropped); voice again: the sound goes on
+    ListenPhase.WAITING_WORDS: frozenset({ListenPhase.IDLE, ListenPhase.JUDGING}),
+}
+
+S = TypeVar("S", CallState, ResponseState, TurnPhase, ListenPhase)
 
 
 class StateMachine(Generic[S]):

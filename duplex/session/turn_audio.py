@@ -9,8 +9,8 @@ from collections import deque
 
 import numpy as np
 
+from duplex.config.session import VadConfig
 from duplex.runtime.contract import CallerAudio
-from duplex.session.config import VadConfig
 
 Frame = tuple[np.ndarray, bool]  # int16 mono samples, voiced
 

@@ -19,7 +19,8 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
-from duplex.session.config import SessionConfig, VadConfig
+from duplex.config.session import SessionConfig, VadConfig
+from duplex.session.states import TURN_TRANSITIONS, StateMachine, TurnPhase
 
 
 class StopReason(str, enum.Enum):
@@ -55,40 +56,62 @@ TurnCue = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
 
 
 class TurnDetector:
+    """The caller's turn as a small state machine (``states.TurnPhase``, its moves in
+    ``states.TURN_TRANSITIONS``): quiet -> speaking -> paused and/or judged -> speaking again
+    (a resume) or quiet (the turn ended). A move the table does not allow raises."""
+
     def __init__(self, config: VadConfig, pause_ms: int | None = None, max_turn_ms: int | None = None,
                  silence_ms: int | None = None, judge_ms: int | None = None) -> None:
         self.config = config
         self.pause_ms = pause_ms  # None: no speculation cues (preemption off)
         self.judge_ms = judge_ms  # None: no judging cues (turns end by silence)
-        self.judged = False  # the judging cue of the pause going on was reported
         self.silence_ms = config.silence_ms if silence_ms is None else silence_ms
         self.max_turn_ms = max_turn_ms  # None: a turn may last forever
-        self.min_speech_ms = config.min_speech_ms  # voiced audio that starts speech (the session may lower it)
-        self.speaking = False
-        self.paused = False  # a SpeechPaused was reported and no voiced frame came since
+        self._machine = StateMachine("turn", TurnPhase.QUIET, TURN_TRANSITIONS)
         self._window: deque[tuple[int, bool]] = deque(maxlen=max(1, config.start_window_ms // config.frame_ms))
         self._unvoiced_ms = 0
         self._last_voiced_end_ms = 0
         self._onset_ms = 0
 
+    @property
+    def phase(self) -> TurnPhase:
+        return self._machine.state
+
+    @property
+    def speaking(self) -> bool:
+        """A turn is open (whatever its pause's cues)."""
+        return self.phase is not TurnPhase.QUIET
+
+    @property
+    def paused(self) -> bool:
+        """The speculation cue of the pause going on was reported (no voiced frame came since)."""
+        return self.phase in (TurnPhase.PAUSED, TurnPhase.PAUSED_JUDGED)
+
+    @property
+    def judged(self) -> bool:
+        """The judging cue of the pause going on was reported."""
+        return self.phase in (TurnPhase.JUDGED, TurnPhase.PAUSED_JUDGED)
+
     @classmethod
     def for_session(cls, config: SessionConfig) -> TurnDetector:
         return cls(config.vad, config.pause_ms, round(1000 * config.max_turn_s), config.silence_ms, config.judge_ms)
 
-    def push(self, frame_start_ms: int, voiced: bool) -> TurnCue | None:
-        """One frame's verdict; returns the cue this frame completes, if any."""
+    def push(self, frame_start_ms: int, voiced: bool, min_speech_ms: int | None = None) -> TurnCue | None:
+        """One frame's verdict; returns the cue this frame completes, if any. ``min_speech_ms``: the
+        voiced audio that starts a turn at this frame (default ``vad.min_speech_ms``; the session
+        asks less while a reply that would only pause is live)."""
         frame_ms = self.config.frame_ms
         self._window.append((frame_start_ms, voiced))
         if voiced:
             self._unvoiced_ms = 0
             self._last_voiced_end_ms = frame_start_ms + frame_ms
             if self.paused or self.judged:
-                self.paused = self.judged = False
+                self._machine.move(TurnPhase.SPEAKING)
                 return SpeechResumed(at_ms=frame_start_ms)
         else:
             self._unvoiced_ms += frame_ms
         if not self.speaking:
-            return self._maybe_start()
+            return self._maybe_start(self.config.min_speech_ms if min_speech_ms is None else min_speech_ms)
         if self._unvoiced_ms >= self.silence_ms:
             self.reset()
             return SpeechStopped(end_ms=self._last_voiced_end_ms)
@@ -105,15 +128,16 @@ class TurnDetector:
         judge = self.judge_ms is not None and not self.judged and self._unvoiced_ms >= self.judge_ms
         if not (speculate or judge):
             return None
-        self.paused |= speculate
-        self.judged |= judge
+        paused, judged = self.paused or speculate, self.judged or judge
+        self._machine.move(TurnPhase.PAUSED_JUDGED if paused and judged else
+                           TurnPhase.PAUSED if paused else TurnPhase.JUDGED)
         return SpeechPaused(end_ms=self._last_voiced_end_ms, speculate=speculate, judge=judge)
 
-    def _maybe_start(self) -> SpeechStarted | None:
+    def _maybe_start(self, min_speech_ms: int) -> SpeechStarted | None:
         voiced_ms = self.config.frame_ms * sum(1 for _, v in self._window if v)
-        if voiced_ms < self.min_speech_ms:
+        if voiced_ms < min_speech_ms:
             return None
-        self.speaking = True
+        self._machine.move(TurnPhase.SPEAKING)
         self._onset_ms = next(start for start, v in self._window if v)
         return SpeechStarted(onset_ms=self._onset_ms)
 
@@ -133,12 +157,14 @@ class TurnDetector:
         """A turn that began at ``onset_ms`` is under way, whatever cues came since (the session
         judged an overlap an interruption while ignoring them): its voice last ended at
         ``last_voiced_end_ms``, and the silence since counts towards its end."""
-        self.speaking, self.paused, self.judged = True, False, False
+        if self.phase is not TurnPhase.SPEAKING:
+            self._machine.move(TurnPhase.SPEAKING)
         self._onset_ms = onset_ms
         self._last_voiced_end_ms = last_voiced_end_ms
         self._unvoiced_ms = max(0, now_ms - last_voiced_end_ms)
 
     def reset(self) -> None:
-        self.speaking = self.paused = self.judged = False
+        if self.phase is not TurnPhase.QUIET:
+            self._machine.move(TurnPhase.QUIET)
         self._window.clear()
         self._unvoiced_ms = 0

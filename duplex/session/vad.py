@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import webrtcvad
 
-from duplex.runtime.contract import SESSION_RATE
-from duplex.session.config import VadConfig
+from duplex.audio import SESSION_RATE
+from duplex.config.session import VadConfig
 
 _SILENCE_DBFS = -120.0
 _FLOOR_RISE_DB_PER_S = 3.0  # a louder room raises the floor slowly; a quiet moment drops it at once

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from duplex.edge.config import AccessConfig
-from duplex.session.events import SessionSettings
+from duplex.session.realtime.events import SessionSettings
 
 SECRET_PREFIX = "ek_"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."

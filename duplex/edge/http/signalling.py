@@ -11,7 +11,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
-from duplex.session.events import SessionSettings
+from duplex.session.realtime.events import SessionSettings
 
 MAX_BODY_BYTES = 64 * 1024
 

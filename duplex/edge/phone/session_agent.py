@@ -10,9 +10,9 @@ import numpy as np
 
 from duplex.audio import SESSION_RATE
 from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo, Reserve
-from duplex.session import events as ev
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.playout import OutputFormat
+from duplex.session.realtime import events as ev
 
 PHONE_OUTPUT = OutputFormat(sample_rate=8000, channels=1, frame_ms=20)
 EventObserver = Callable[[CallInfo, ev.ServerEvent], None]

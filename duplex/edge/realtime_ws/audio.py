@@ -13,9 +13,9 @@ import numpy as np
 
 from duplex.audio import SESSION_RATE, Resampler
 from duplex.edge.media import g711
-from duplex.session import events as ev
-from duplex.session.client_items import ItemError
 from duplex.session.playout import OutputFormat
+from duplex.session.realtime import events as ev
+from duplex.session.realtime.client_items import ItemError
 
 WS_OUTPUT = OutputFormat(sample_rate=24000, channels=1, frame_ms=20)
 _RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}

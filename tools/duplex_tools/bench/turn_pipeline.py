@@ -28,8 +28,8 @@ import numpy as np
 
 from duplex.audio import resample
 from duplex.config import load_pipeline
+from duplex.config.session import VadConfig
 from duplex.runtime.contract import SESSION_RATE, AgentAudio, AgentText, CallerAudio, Transcript, TurnRequest
-from duplex.session.config import VadConfig
 from duplex.session.vad import FrameClassifier
 from duplex_tools.bench.report import percentile, table
 

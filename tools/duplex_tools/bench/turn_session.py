@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from duplex.config import load_pipeline
+from duplex.config.session import SessionConfig
 from duplex.runtime.contract import SESSION_RATE
-from duplex.session import events as ev
-from duplex.session.config import SessionConfig
 from duplex.session.playout import OutputFormat
+from duplex.session.realtime import events as ev
 from duplex_tools.bench.report import percentile, table
 
 MODES = ("off", "on")
@@ -123,7 +123,7 @@ async def measure(args, overrides: list[str], progress: bool = True) -> dict:
     cfg = load_pipeline(args.config, overrides)
     metrics_cost = getattr(args, "metrics_cost", False)
     # silence-ended turns (preemption is theirs), whatever the pipeline's sessions default to
-    settings = {**cfg.session, "turn_detection": "server_vad"}
+    settings = {**cfg.session.model_dump(), "turn_detection": "server_vad"}
     configs = mode_configs(settings)
     if metrics_cost:  # both modes as the pipeline sets preemption; what differs is the metrics
         configs = {mode: SessionConfig.model_validate(settings) for mode in MODES}

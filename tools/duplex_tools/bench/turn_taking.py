@@ -30,7 +30,6 @@ from pathlib import Path
 
 from duplex.config.loader import load_pipeline
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
-from duplex.session.config import SessionConfig
 from duplex_tools.bench.report import percentile, table, write_json
 from duplex_tools.bench.server_parts import Totals, add_parts, mean_parts_ms, read_parts
 from duplex_tools.harness import ServerProcess
@@ -173,7 +172,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _default_name(config: str) -> str:
     """The report's name of the ``default`` mode: the turn detection the pipeline's sessions start with."""
-    detection = SessionConfig.model_validate(load_pipeline(config).session).turn_detection
+    detection = load_pipeline(config).session.turn_detection
     return f"{DEFAULT} ({detection})"
 
 

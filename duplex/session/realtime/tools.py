@@ -27,8 +27,9 @@ import jsonschema
 import msgspec
 
 from duplex.runtime.contract import ToolCallDelta, ToolCallDone, ToolOutput, ToolSpec, TurnRequest
-from duplex.session import events as ev
-from duplex.session import tool_events as tev
+from duplex.session.realtime import events as ev
+from duplex.session.realtime import tool_events as tev
+from duplex.session.realtime.announce import Announcer
 from duplex.session.response import Response
 
 MAX_CALLS = 256  # calls remembered per session (to answer, or to refuse a duplicate answer)
@@ -90,8 +91,9 @@ def _spec(index: int, tool: ev.ToolDefinition) -> ToolSpec:
 
 
 class SessionTools:
-    def __init__(self, emit: Callable[[ev.ServerEvent], None], new_item_id: Callable[[], str]) -> None:
-        self._emit = emit
+    def __init__(self, tell: Announcer, new_item_id: Callable[[], str]) -> None:
+        self._tell = tell
+        self._emit = tell.emit
         self._new_item_id = new_item_id
         self.specs: list[ToolSpec] = []
         self.choice = "auto"
@@ -134,7 +136,7 @@ class SessionTools:
                                      call_id=call.call_id, name=call.name, arguments=call.arguments))
         item = call.item("completed")
         self._emit(tev.CallItemDone(response_id=call.response_id, output_index=call.output_index, item=item))
-        response.calls.append(item)
+        self._tell.call_listed(response, item)
 
     def _open(self, response: Response, call_id: str, name: str) -> _Call:
         index = 1 + sum(1 for c in self._calls.values() if c.response_id == response.id)  # 0: the message item

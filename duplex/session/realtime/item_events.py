@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from duplex.session.events import MessageItem, ServerEvent
+from duplex.session.realtime.events import MessageItem, ServerEvent
 
 
 class TextDelta(ServerEvent, kw_only=True, tag="response.output_text.delta"):

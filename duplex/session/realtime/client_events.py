@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
+from pydantic import BaseModel
+
+from duplex.config.session import BargeInConfig, PreemptConfig, SemanticTurnConfig, SessionConfig, VadConfig
 
 __all__ = [
     "TurnDetection",
@@ -47,15 +50,27 @@ __all__ = [
 
 # Bounds of the settings a client may send. A setting outside its range is refused when the event
 # is decoded, naming its path and range: a huge prefix padding would re-send a whole call's audio
-# with every turn, a huge silence would never end a turn.
-MAX_PREFIX_PADDING_MS = 2000
-MAX_SILENCE_MS = 10_000
-MAX_INSTRUCTIONS_CHARS = 32_768
+# with every turn, a huge silence would never end a turn. A setting that is also a session config
+# field takes its bounds from that field (``bounds``), so each range is declared once, in config.py.
 MAX_TOOLS = 128
+
+
+def bounds(model: type[BaseModel], name: str) -> msgspec.Meta:
+    """The bounds the config model declares for field ``name`` (pydantic's ``Field(ge=..., le=...,
+    max_length=...)``), as msgspec's, for the client event that sets it."""
+    meta = {key: getattr(constraint, key) for constraint in model.model_fields[name].metadata
+            for key in ("ge", "gt", "le", "lt", "max_length") if hasattr(constraint, key)}
+    if not meta:
+        raise TypeError(f"{model.__name__}.{name} declares no bounds")
+    return msgspec.Meta(**meta)
+
+
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-PrefixPaddingMs = Annotated[int, msgspec.Meta(ge=0, le=MAX_PREFIX_PADDING_MS)]
-SilenceMs = Annotated[int, msgspec.Meta(ge=60, le=MAX_SILENCE_MS)]
-PauseMs = Annotated[int, msgspec.Meta(ge=20, le=MAX_SILENCE_MS)]
+PrefixPaddingMs = Annotated[int, bounds(VadConfig, "prefix_padding_ms")]
+SilenceMs = Annotated[int, bounds(VadConfig, "silence_ms")]
+PauseMs = Annotated[int, bounds(PreemptConfig, "pause_ms")]
+SpeculateMs = Annotated[int, bounds(SemanticTurnConfig, "speculate_ms")]
+Instructions = Annotated[str, bounds(SessionConfig, "instructions")]
 SampleRate = Annotated[int, msgspec.Meta(ge=8000, le=48000)]
 ShortText = Annotated[str, msgspec.Meta(max_length=256)]
 
@@ -70,7 +85,7 @@ class TurnDetection(_Settings, kw_only=True):
     prefix_padding_ms: PrefixPaddingMs | None = None
     silence_duration_ms: SilenceMs | None = None
     eagerness: Literal["low", "medium", "high", "auto"] | None = None  # semantic_vad
-    speculate_ms: PauseMs | None = None  # ours, semantic_vad: the pause that starts the answer (<= check)
+    speculate_ms: SpeculateMs | None = None  # ours, semantic_vad: the pause that starts the answer (<= check)
 
 
 class AudioFormat(_Settings, kw_only=True):
@@ -119,11 +134,11 @@ class BargeInSettings(_Settings, kw_only=True):
     onset interrupts at once); ``words``: a listening decision hears the words too."""
 
     mode: ShortText | None = None
-    interrupt_ms: Annotated[int, msgspec.Meta(ge=80, le=5000)] | None = None
-    resume_ms: Annotated[int, msgspec.Meta(ge=40, le=2000)] | None = None
-    max_overlap_ms: Annotated[int, msgspec.Meta(ge=100, le=MAX_SILENCE_MS)] | None = None
+    interrupt_ms: Annotated[int, bounds(BargeInConfig, "interrupt_ms")] | None = None
+    resume_ms: Annotated[int, bounds(BargeInConfig, "resume_ms")] | None = None
+    max_overlap_ms: Annotated[int, bounds(BargeInConfig, "max_overlap_ms")] | None = None
     words: bool | None = None  # judge by the words too (where the pipeline transcribes an overlap)
-    words_wait_ms: Annotated[int, msgspec.Meta(ge=0, le=5000)] | None = None
+    words_wait_ms: Annotated[int, bounds(BargeInConfig, "words_wait_ms")] | None = None
 
 
 class ToolDefinition(_Settings, kw_only=True):
@@ -142,7 +157,7 @@ class ToolChoiceFunction(_Settings, kw_only=True):
 
 
 class SessionSettings(_Settings, kw_only=True):
-    instructions: Annotated[str, msgspec.Meta(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
+    instructions: Instructions | None = None
     tools: Annotated[list[ToolDefinition], msgspec.Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: ShortText | ToolChoiceFunction | None = None  # auto | none | required | {type: function, name}
     preemptive_generation: PreemptiveSettings | None = None
@@ -168,7 +183,7 @@ class SessionUpdate(ClientEvent, kw_only=True, tag="session.update"):
 
 
 class ResponseOptions(_Settings, kw_only=True):
-    instructions: Annotated[str, msgspec.Meta(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
+    instructions: Instructions | None = None
     output_modalities: list[str] | None = None
     modalities: list[str] | None = None  # beta name of output_modalities
 

@@ -6,13 +6,13 @@ import msgspec
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from duplex.runtime.contract import SESSION_RATE
-from duplex.session import events as ev
-from duplex.session.client_items import ItemError, wants_audio
-from duplex.session.config import SessionConfig
+from duplex.audio import SESSION_RATE
+from duplex.config.session import SessionConfig
+from duplex.session.realtime import events as ev
+from duplex.session.realtime.client_items import ItemError, wants_audio
+from duplex.session.realtime.tools import parse_tools
 from duplex.session.session import VoiceSession
 from duplex.session.states import CallState
-from duplex.session.tools import parse_tools
 
 MAX_EVENT_BYTES = 64 * 1024
 

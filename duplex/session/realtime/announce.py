@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Literal
 
 from duplex.runtime.contract import Transcript
-from duplex.session import events as ev
-from duplex.session import item_events as iev
 from duplex.session.endpoint import TurnJudgement
 from duplex.session.overlap import OverlapKind, OverlapVerdict
+from duplex.session.realtime import events as ev
+from duplex.session.realtime import item_events as iev
 from duplex.session.response import Response
 
 
@@ -20,6 +20,7 @@ class Announcer:
         self._tag = session_id[-6:]
         self._send = send
         self._count = 0
+        self._calls: dict[str, list[ev.FunctionCallItem]] = {}  # per response: listed in its response.done
 
     def emit(self, event: ev.ServerEvent) -> None:
         self._count += 1
@@ -133,14 +134,17 @@ class Announcer:
     def barge_in(self, response: Response, stop_ms: float) -> None:
         self.emit(ev.TurnMetrics(response_id=response.id, barge_in_ms=round(stop_ms, 1)))
 
-    @staticmethod
-    def _resource(response: Response, status: ev.ResponseStatus,
+    def call_listed(self, response: Response, item: ev.FunctionCallItem) -> None:
+        """A finished function call of the model (tools.py), to list in its response's ``response.done``."""
+        self._calls.setdefault(response.id, []).append(item)
+
+    def _resource(self, response: Response, status: ev.ResponseStatus,
                   details: ev.StatusDetails | None = None) -> ev.ResponseResource:
         usage = None if status == "in_progress" else _usage(response)
         resource = ev.response_resource(response.id, response.item_id, "".join(response.transcript), status, details,
                                         response.text_only, usage)
         if status != "in_progress":
-            resource.output.extend(response.calls)  # the model's function calls (tools.py)
+            resource.output.extend(self._calls.pop(response.id, []))  # the model's function calls (tools.py)
         return resource
 
 

@@ -65,8 +65,8 @@ class BargeInConfig(_Strict):
 
     ``words`` (where the pipeline's ASR hears an overlap: ``SessionConfig.overlap_probe_request``):
     the overlap's audio is transcribed too, and the words decide: a backchannel ("uh-huh", "yeah",
-    "okay", ``overlap_words.BACKCHANNELS``) resumes; ``min_words`` other words, or one that takes
-    the floor alone ("sorry", "stop", "no": ``overlap_words.FLOOR_WORDS``), interrupt, even before
+    "okay", ``words.BACKCHANNELS``) resumes; ``min_words`` other words, or one that takes
+    the floor alone ("sorry", "stop", "no": ``words.FLOOR_WORDS``), interrupt, even before
     the sound ended; fewer words, no words, or none within ``words_wait_ms`` of the sound's end,
     leave the verdict to the sound. The words are final once ``words_final_ms`` of
     the sound's end is unvoiced (the ASR's input closes then): final words that are all a
@@ -85,7 +85,7 @@ class BargeInConfig(_Strict):
     # the sound turns out no interruption, so it may come sooner than a turn's start
     pause_speech_ms: int = Field(60, ge=20, le=2000)
     # words that take the floor: at least this many that are not all a backchannel, or one of
-    # overlap_words.FLOOR_WORDS ("stop", "wait", "sorry"); fewer are left to the sound (Whisper
+    # words.FLOOR_WORDS ("stop", "wait", "sorry"); fewer are left to the sound (Whisper
     # hears a lone "uh-huh" as "I" or a made-up word)
     min_words: int = Field(2, ge=1, le=20)
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from duplex.audio import Resampler
-from duplex.runtime.contract import SESSION_RATE, CallerAudio
-from duplex.session import events as ev
-from duplex.session import item_events as iev
+from duplex.audio import SESSION_RATE, Resampler
+from duplex.runtime.contract import CallerAudio
+from duplex.session.realtime import events as ev
+from duplex.session.realtime import item_events as iev
 from duplex.session.vad import FrameClassifier
 
 PCM_RATE = 24000  # ``audio/pcm``: 16-bit little-endian mono at 24 kHz

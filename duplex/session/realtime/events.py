@@ -316,4 +316,4 @@ class TurnJudged(ServerEvent, kw_only=True, tag="duplex.turn.judged"):
 
 # Client events live in client_events.py (its ``__all__``); the session and the doors reach them
 # here too, as ``ev.SessionUpdate`` and so on.
-from duplex.session.client_events import *  # noqa: E402, F403
+from duplex.session.realtime.client_events import *  # noqa: E402, F403

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from duplex.session.events import FunctionCallItem, ServerEvent
+from duplex.session.realtime.events import FunctionCallItem, ServerEvent
 
 
 class FunctionCallOutputItem(msgspec.Struct, kw_only=True):

@@ -1,0 +1,171 @@
+"""The turn detector's phases (``states.TurnPhase``) and the listening barge-in's
+(``states.ListenPhase``): each table is whole, a move it does not allow raises, and frame
+verdicts walk each through the phases they say. The detector decides
+on stream time, so frames are pushed as voiced/unvoiced verdicts, 20 ms each: no clock, no audio."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from duplex.config.session import BargeInConfig, VadConfig
+from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
+from duplex.session.states import (
+    LISTEN_TRANSITIONS,
+    TURN_TRANSITIONS,
+    IllegalTransition,
+    ListenPhase,
+    StateMachine,
+    TurnPhase,
+)
+from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, StopReason, TurnDetector
+
+P = TurnPhase
+FRAME_MS = 20
+
+
+def push(detector: TurnDetector, marks: str, start_ms: int = 0, **kwargs: int) -> list:
+    """``marks``: one character a frame, "1" voiced, "0" not; the cues in order, with the phase after each."""
+    cues = []
+    for i, mark in enumerate(marks):
+        cue = detector.push(start_ms + i * FRAME_MS, mark == "1", **kwargs)
+        if cue is not None:
+            cues.append((cue, detector.phase))
+    return cues
+
+
+def test_every_phase_is_reachable_and_every_phase_can_end_the_turn():
+    seen, todo = {P.QUIET}, [P.QUIET]
+    while todo:
+        for nxt in TURN_TRANSITIONS[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    assert seen == set(TurnPhase)
+    assert all(P.QUIET in TURN_TRANSITIONS[phase] for phase in TurnPhase if phase is not P.QUIET)
+
+
+@pytest.mark.parametrize(("start", "illegal"), [
+    (start, illegal) for start, illegal in itertools.product(TurnPhase, TurnPhase)
+    if illegal not in TURN_TRANSITIONS[start]
+])
+def test_a_move_the_table_does_not_allow_raises_and_leaves_the_phase(start, illegal):
+    machine = StateMachine("turn", start, TURN_TRANSITIONS)
+    with pytest.raises(IllegalTransition, match=f"{start.value} -> {illegal.value}"):
+        machine.move(illegal)
+    assert machine.state is start
+
+
+def test_a_pause_walks_speaking_paused_judged_then_a_resume_and_the_silence_end():
+    config = VadConfig()  # min_speech_ms 80, silence_ms 500
+    detector = TurnDetector(config, pause_ms=200, judge_ms=300)
+    assert detector.phase is P.QUIET and not detector.speaking
+    cues = push(detector, "1" * 10 + "0" * 15 + "1" * 5 + "0" * 25)
+    kinds = [(type(cue), phase) for cue, phase in cues]
+    assert kinds == [(SpeechStarted, P.SPEAKING),
+                     (SpeechPaused, P.PAUSED), (SpeechPaused, P.PAUSED_JUDGED), (SpeechResumed, P.SPEAKING),
+                     (SpeechPaused, P.PAUSED), (SpeechPaused, P.PAUSED_JUDGED), (SpeechStopped, P.QUIET)]
+    assert [(c.speculate, c.judge) for c, _ in cues if isinstance(c, SpeechPaused)] == [(True, False),
+                                                                                         (False, True)] * 2
+
+
+def test_cues_due_together_are_one_cue_and_one_move():
+    detector = TurnDetector(VadConfig(), pause_ms=200, judge_ms=200)
+    cues = push(detector, "1" * 10 + "0" * 10)
+    assert [(type(c), phase) for c, phase in cues] == [(SpeechStarted, P.SPEAKING), (SpeechPaused, P.PAUSED_JUDGED)]
+    assert detector.paused and detector.judged and detector.pause_end_ms == 200
+
+
+def test_judging_alone_goes_through_judged_and_a_judged_end_leaves_quiet():
+    detector = TurnDetector(VadConfig(), judge_ms=200, silence_ms=2000)
+    cues = push(detector, "1" * 10 + "0" * 10)
+    assert [phase for _, phase in cues] == [P.SPEAKING, P.JUDGED]
+    assert detector.judged and not detector.paused
+    assert detector.end_now(pause_end_ms=999) is None and detector.phase is P.JUDGED  # not this pause
+    stop = detector.end_now(pause_end_ms=200)
+    assert stop == SpeechStopped(end_ms=200, reason=StopReason.JUDGED) and detector.phase is P.QUIET
+    assert detector.end_now(pause_end_ms=200) is None  # a quiet detector has no pause to end
+
+
+def test_the_voiced_audio_that_starts_a_turn_is_given_with_each_frame():
+    """The session asks less voice of a start while a reply that would only pause is live: the
+    threshold comes with the frame (default ``vad.min_speech_ms``), nothing is left set between frames."""
+    config = VadConfig()
+    default, quick = TurnDetector(config), TurnDetector(config)
+    started_default = push(default, "1" * 5)
+    started_quick = push(quick, "1" * 5, min_speech_ms=40)
+    assert started_default[0][0] == SpeechStarted(onset_ms=0)
+    assert started_quick[0][0] == SpeechStarted(onset_ms=0)
+    # the default needs 80 ms: the 4th frame; 40 ms: the 2nd
+    assert [len(push(TurnDetector(config), "1" * n)) for n in (3, 4)] == [0, 1]
+    assert [len(push(TurnDetector(config), "1" * n, min_speech_ms=40)) for n in (1, 2)] == [0, 1]
+    assert not hasattr(default, "min_speech_ms")
+
+
+def test_reset_and_carry_on_move_from_any_phase():
+    detector = TurnDetector(VadConfig(), pause_ms=200)
+    detector.reset()  # quiet stays quiet
+    assert detector.phase is P.QUIET
+    push(detector, "1" * 10 + "0" * 10)
+    assert detector.phase is P.PAUSED
+    detector.carry_on(onset_ms=0, last_voiced_end_ms=200, now_ms=400)
+    assert detector.phase is P.SPEAKING and detector.pause_end_ms is None
+    detector.carry_on(onset_ms=0, last_voiced_end_ms=200, now_ms=400)  # speaking stays speaking
+    assert detector.phase is P.SPEAKING
+    detector.reset()
+    assert detector.phase is P.QUIET
+    detector.carry_on(onset_ms=0, last_voiced_end_ms=200, now_ms=400)  # an interruption's turn from quiet
+    assert detector.phase is P.SPEAKING
+    # the silence since the voice's end counted: 300 ms more of it ends the turn (silence_ms 500)
+    cues = push(detector, "0" * 15, start_ms=400)
+    assert isinstance(cues[-1][0], SpeechStopped) and cues[-1][0].end_ms == 200
+
+
+# -- the listening barge-in's phases (overlap.Listening) --------------------------------------------
+def _listening(words_coming: bool = True) -> Listening[str]:
+    heard: Listening[str] = Listening()
+    assert heard.phase is ListenPhase.IDLE and not heard.active
+    heard.begin(OverlapJudge(BargeInConfig(), onset_ms=1000, now_ms=1080, voiced_ms=80), "reply", words_coming)
+    return heard
+
+
+def _frames(heard: Listening[str], marks: str) -> list:
+    return [heard.push(FRAME_MS, mark == "1") for mark in marks]
+
+
+def test_the_listening_table_is_whole_and_refuses_what_it_does_not_list():
+    assert all(ListenPhase.IDLE in LISTEN_TRANSITIONS[p] for p in ListenPhase if p is not ListenPhase.IDLE)
+    assert set().union(*LISTEN_TRANSITIONS.values()) == set(ListenPhase)
+    machine = StateMachine("listening", ListenPhase.IDLE, LISTEN_TRANSITIONS)
+    with pytest.raises(IllegalTransition, match="idle -> waiting_words"):
+        machine.move(ListenPhase.WAITING_WORDS)
+
+
+def test_a_sound_that_ends_waits_for_its_words_goes_on_when_voice_comes_back_and_settles_idle():
+    resume_frames = BargeInConfig().resume_ms // FRAME_MS
+    heard = _listening()
+    assert heard.phase is ListenPhase.JUDGING
+    assert _frames(heard, "1" * 5 + "0" * resume_frames) == [None] * (5 + resume_frames)
+    assert heard.phase is ListenPhase.WAITING_WORDS and heard.waiting_words  # the sound says resume
+    assert _frames(heard, "1") == [None] and heard.phase is ListenPhase.JUDGING  # ... but it goes on
+    verdict, reply = heard.heard("Stop", final=False)
+    assert verdict.interrupts and reply == "reply" and heard.phase is ListenPhase.IDLE
+    heard.drop()  # nothing to drop: it stays idle
+    assert heard.phase is ListenPhase.IDLE
+
+
+def test_without_words_the_sound_settles_straight_from_judging_and_a_second_begin_is_refused():
+    resume_frames = BargeInConfig().resume_ms // FRAME_MS
+    heard = _listening(words_coming=False)
+    phases = []
+    for mark in "1" * 5 + "0" * resume_frames:
+        settled = heard.push(FRAME_MS, mark == "1")
+        phases.append(heard.phase)
+    assert settled is not None and settled[0].kind is OverlapKind.NOISE  # 180 ms voiced: under noise_ms
+    assert phases == [ListenPhase.JUDGING] * (4 + resume_frames) + [ListenPhase.IDLE]  # never waiting
+    heard = _listening()
+    with pytest.raises(IllegalTransition, match="judging -> judging"):
+        heard.begin(OverlapJudge(BargeInConfig(), onset_ms=2000, now_ms=2080, voiced_ms=80), "another")
+    heard.drop()
+    assert heard.phase is ListenPhase.IDLE and heard.judge is None
