@@ -15,6 +15,7 @@ calls have the same length into one batched forward.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,23 @@ import torch
 from duplex.models.qwen3_omni.payloads import CodecChunk, VocodedAudio
 
 SAMPLE_RATE = 24000
+
+
+@dataclass
+class _Stream:
+    """A request's place in its stream: the frames kept as the next chunk's left context, and the
+    frame that chunk must start at."""
+
+    history: torch.Tensor | None = None  # (groups, <= context) codes; None before the first chunk
+    next_frame: int = 0
+
+
+def _stream(state: dict) -> _Stream:
+    """The request's ``_Stream``, kept in the scheduler's per-request dict."""
+    return state.setdefault("stream", _Stream())
+
+
+_Job = tuple[int, torch.Tensor, int, CodecChunk]  # (row, codes with their left context, context, chunk)
 
 
 def left_context_for(config) -> int:
@@ -55,23 +73,28 @@ class StreamingCode2Wav:
 
     @torch.no_grad()
     def __call__(self, items: list, states: list[dict]) -> list[list[Any]]:
-        jobs, outputs = [], [[] for _ in items]
+        jobs: list[_Job] = []
+        outputs: list[list[Any]] = [[] for _ in items]
         for index, (item, state) in enumerate(zip(items, states)):
             data = item.data
             if data is None:
                 continue  # the talker's eos with nothing left to speak
-            codes = self._check(data, state)
-            history = state.get("history")
+            stream = _stream(state)
+            codes = self._check(data, stream)
             context = min(self.context, data.start)
-            window = codes if context == 0 else torch.cat([history[:, -context:], codes], dim=1)
-            state["history"] = window[:, -self.context:] if self.context else window[:, :0]
-            state["next_frame"] = data.start + codes.shape[1]
+            if context == 0:
+                window = codes
+            else:
+                assert stream.history is not None  # a chunk past frame 0 follows one (_check)
+                window = torch.cat([stream.history[:, -context:], codes], dim=1)
+            stream.history = window[:, -self.context:] if self.context else window[:, :0]
+            stream.next_frame = data.start + codes.shape[1]
             jobs.append((index, window, context, data))
         for index, audio, data in self._decode(jobs):
             outputs[index] = [VocodedAudio(audio, SAMPLE_RATE, codes=np.asarray(data.codes), start=data.start)]
         return outputs
 
-    def _check(self, data: Any, state: dict) -> torch.Tensor:
+    def _check(self, data: Any, stream: _Stream) -> torch.Tensor:
         if not isinstance(data, CodecChunk):
             raise TypeError(f"code2wav input needs a CodecChunk, got {type(data).__name__}")
         codes = torch.as_tensor(np.asarray(data.codes), dtype=torch.long)
@@ -79,11 +102,11 @@ class StreamingCode2Wav:
             raise ValueError(f"codes must be ({self.num_groups}, n>0), got {tuple(codes.shape)}")
         if int(codes.min()) < 0 or int(codes.max()) >= self.code2wav.config.codebook_size:
             raise ValueError("codes outside the codebook")
-        if data.start != state.get("next_frame", 0):
-            raise ValueError(f"chunk starts at frame {data.start}, expected {state.get('next_frame', 0)}")
+        if data.start != stream.next_frame:
+            raise ValueError(f"chunk starts at frame {data.start}, expected {stream.next_frame}")
         return codes
 
-    def _decode(self, jobs: list) -> list[tuple[int, np.ndarray, dict]]:
+    def _decode(self, jobs: list[_Job]) -> list[tuple[int, np.ndarray, CodecChunk]]:
         if not jobs:
             return []
         lengths = {window.shape[1] for _, window, _, _ in jobs}

@@ -42,6 +42,11 @@ class EncoderState:
     floor_moved: int = 0
 
 
+def _stemmed(chunk: _Chunk) -> torch.Tensor:
+    assert chunk.tokens is not None  # encode_ready runs the stems of every chunk before its windows
+    return chunk.tokens
+
+
 def _stem_length(frames: int) -> int:
     for _ in range(3):
         frames = (frames - 1) // 2 + 1
@@ -168,7 +173,7 @@ class StreamingAudioEncoder:
 
     def _run_windows(self, windows: list[list[_Chunk]]) -> list[torch.Tensor]:
         tower = self.tower
-        pieces = [torch.cat([c.tokens for c in w], dim=0) for w in windows]
+        pieces = [torch.cat([_stemmed(c) for c in w], dim=0) for w in windows]
         lengths = [p.shape[0] for p in pieces]
         hidden = torch.cat(pieces, dim=0)
         cu_seqlens = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32, device=hidden.device)
@@ -177,8 +182,9 @@ class StreamingAudioEncoder:
         hidden = tower.proj2(tower.act(tower.proj1(tower.ln_post(hidden))))
         return list(hidden.split(lengths, dim=0))
 
-    def encode_whole(self, audio: np.ndarray) -> torch.Tensor:
-        """One-shot encode through the same code (for the fused baseline and tests)."""
+    def encode_whole(self, audio: np.ndarray) -> torch.Tensor | None:
+        """One-shot encode through the same code (for the fused baseline and tests); None for
+        no audio."""
         state = self.new_state()
         self._push(state, audio, True)
         return self.encode_ready([state], [True])[0]

@@ -11,8 +11,10 @@ import functools
 import inspect
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -173,9 +175,9 @@ def load_code2wav(model_dir, device: str = "cpu"):
 def cache_kwargs(model: nn.Module, cache) -> dict:
     """The KV argument under its name in the installed transformers: ``cache`` (5.2x) or
     ``past_key_values`` (5.17, the GPU machine's; 5.2x still accepts it, deprecated)."""
-    return {_cache_name(type(model)): cache}
+    return {_cache_name(type(model).forward): cache}
 
 
-@functools.cache
-def _cache_name(cls: type) -> str:
-    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+@functools.cache  # per class's forward: looked up in every step
+def _cache_name(forward: Callable[..., Any]) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"

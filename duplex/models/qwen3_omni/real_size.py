@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 SHAPES = ("qwen3-omni-30b-a3b",)
 
@@ -86,12 +89,16 @@ def real_config(shapes: str = "qwen3-omni-30b-a3b", shrink: dict[str, Any] | Non
     raw = {"thinker_config": _thinker(), "talker_config": _talker(), "code2wav_config": _code2wav()}
     for dotted, value in (shrink or {}).items():
         _set_dotted(raw, dotted, copy.deepcopy(value))
-    config = Qwen3OmniMoeConfig(**raw, enable_audio_output=True, **_TOKENS)
-    config.thinker_config.vision_start_token_id = _MM["vision_start_token_id"]
+    kwargs: dict[str, Any] = {**raw, **_TOKENS}
+    config = Qwen3OmniMoeConfig(**kwargs, enable_audio_output=True)
+    # Typed as the dicts they may be given as; the config's __post_init__ has made them configs.
+    thinker_config = cast("PreTrainedConfig", config.thinker_config)
+    talker_config = cast("PreTrainedConfig", config.talker_config)
+    thinker_config.vision_start_token_id = _MM["vision_start_token_id"]
     talker = raw["talker_config"]
-    config.talker_config.text_config.shared_expert_intermediate_size = talker["text_config"][
+    talker_config.text_config.shared_expert_intermediate_size = talker["text_config"][
         "shared_expert_intermediate_size"]
-    config.talker_config.spatial_merge_size = 2
+    talker_config.spatial_merge_size = 2
     config.duplex_tokens = {"audio_end_token_id": 151670, "newline_token_id": 198}
     return config
 

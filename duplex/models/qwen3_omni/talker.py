@@ -41,7 +41,7 @@ class _Row:
     request_id: str
     max_new_tokens: int
     speaker_id: int
-    prefix: dict | None = None
+    prefix: TalkerPrefix | None = None  # from the thinker's first step
     texts: list[torch.Tensor] = field(default_factory=list)  # thinker embeddings of reply tokens
     thinker_done: bool = False
     prefilled: bool = False
@@ -55,7 +55,7 @@ class _Row:
 
 @dataclass
 class TalkerPlan:
-    prefill: list[tuple[int, dict, torch.Tensor, int]]  # (slot, thinker prefix, first reply token, speaker)
+    prefill: list[tuple[int, TalkerPrefix, torch.Tensor, int]]  # (slot, thinker prefix, first reply token, speaker)
     decode: list[tuple[int, int, torch.Tensor]]  # (slot, position, text embedding for this step)
     rows: dict[int, _Row] = field(default_factory=dict)  # who planned each slot (it may change owner)
 
@@ -141,13 +141,17 @@ class TalkerRunner:
         for slot in slots:
             row = self.rows[slot]
             if not row.prefilled:
-                length = int(row.prefix.user_embeds.shape[0]) + _ASSISTANT_PREFIX
+                prefix = row.prefix
+                assert prefix is not None  # a row without its prefix is never ready
+                length = int(prefix.user_embeds.shape[0]) + _ASSISTANT_PREFIX
                 if length + row.max_new_tokens > self.max_len:
                     raise ValueError(f"talker prefix of {length} + {row.max_new_tokens} exceeds {self.max_len}")
-                plan.prefill.append((slot, row.prefix, row.texts[0], row.speaker_id))
+                plan.prefill.append((slot, prefix, row.texts[0], row.speaker_id))
                 row.prefilled, row.position = True, length
             else:
-                plan.decode.append((slot, row.position, self._text_for_step(row, row.planned_steps)))
+                text = self._text_for_step(row, row.planned_steps)
+                assert text is not None  # a prefilled row is ready only once its step's input is known
+                plan.decode.append((slot, row.position, text))
                 row.position += 1
             row.planned_steps += 1
             plan.rows[slot] = row
@@ -219,6 +223,7 @@ class TalkerRunner:
     # -- inputs -----------------------------------------------------------------------------------
     def _text_for_step(self, row: _Row, step: int) -> torch.Tensor | None:
         """Unprojected text input for decode step ``step`` (>= 1), or None while not yet known."""
+        assert row.prefix is not None  # asked only of prefilled rows
         tts_bos, tts_eos, tts_pad = row.prefix.tts_embeds
         index = step  # reply token ``step`` (0-based) is spoken at step ``step``
         if index + 1 < len(row.texts) or (index < len(row.texts) and not row.thinker_done):
@@ -244,7 +249,7 @@ class TalkerRunner:
         codec_side = torch.cat([torch.zeros(3, codec.shape[1], dtype=codec.dtype, device=self.device), codec])
         return torch.cat([user, text_side + codec_side])
 
-    def _forward_prefill(self, rows: list[tuple[int, dict, torch.Tensor, int]]) -> torch.Tensor:
+    def _forward_prefill(self, rows: list[tuple[int, TalkerPrefix, torch.Tensor, int]]) -> torch.Tensor:
         inputs = [self._prefill_embeds(prefix, first, speaker) for _, prefix, first, speaker in rows]
         lengths = [x.shape[0] for x in inputs]
         width = max(lengths)

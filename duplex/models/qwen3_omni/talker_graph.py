@@ -134,8 +134,7 @@ class TalkerGraphs:
             bucket.tail_graph.replay()
         else:  # not captured (CPU tests of the static step): the same step, run eagerly
             bucket.tail_code0, bucket.tail_residual = self.tail(bucket)
-        code0 = bucket.tail_code0[:n].clone()
-        return code0, torch.cat([code0[:, None], bucket.tail_residual[:n]], dim=1)
+        return _frames(bucket.tail_code0, bucket.tail_residual, n)
 
     def _replay(self, rows: list[tuple[int, int, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(rows)
@@ -153,5 +152,12 @@ class TalkerGraphs:
         else:  # not captured (CPU tests of the static step): the same step, run eagerly
             bucket.code0, bucket.residual = self.step(bucket)
             self.runner.kv.unbind_static()
-        code0 = bucket.code0[:n].clone()
-        return code0, torch.cat([code0[:, None], bucket.residual[:n]], dim=1)
+        return _frames(bucket.code0, bucket.residual, n)
+
+
+def _frames(code0: torch.Tensor | None, residual: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` rows' codebook 0 and their whole frames (16 codes), copied out of a
+    bucket's outputs (the graph's, or the eager step's)."""
+    assert code0 is not None and residual is not None  # captured at build, or just computed eagerly
+    first = code0[:n].clone()
+    return first, torch.cat([first[:, None], residual[:n]], dim=1)

@@ -31,13 +31,21 @@ DEFAULT_MAX_NEW_TOKENS = 64
 
 @dataclass
 class _Piece:
+    """A span of the prompt: token ids or audio embeddings, one of the two."""
+
     ids: list[int] | None = None
     embeds: torch.Tensor | None = None  # (n, hidden) audio embeddings
     role: str = "user"  # system | user | assistant
 
     @property
     def length(self) -> int:
-        return len(self.ids) if self.ids is not None else int(self.embeds.shape[0])
+        return len(self.ids) if self.ids is not None else int(self.audio.shape[0])
+
+    @property
+    def audio(self) -> torch.Tensor:
+        """The embeddings of a piece that has no ids."""
+        assert self.embeds is not None  # every piece is made with ids or with embeddings
+        return self.embeds
 
 
 @dataclass
@@ -200,7 +208,7 @@ class ThinkerRunner:
             if piece.ids is not None:
                 parts.append(self.lm.model.embed_tokens(torch.tensor(piece.ids, device=self.device)))
             else:
-                parts.append(piece.embeds.to(self.device))
+                parts.append(piece.audio.to(self.device))
         return torch.cat(parts, dim=0)
 
     def _forward(self, embeds: torch.Tensor, batch: SlotBatch, hidden_states: bool):

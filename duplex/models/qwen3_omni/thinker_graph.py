@@ -12,6 +12,7 @@ A prefill wider than the widest bucket runs eagerly.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -68,10 +69,10 @@ class ThinkerGraphs:
             capturable_experts(runner.lm.model, runner.dtype)
         try:
             for bucket in self.buckets.values() if capture_now else ():
-                bucket.graph, bucket.tokens, self.pool = capture(lambda b=bucket: self.step(b), runner.device,
+                bucket.graph, bucket.tokens, self.pool = capture(functools.partial(self.step, bucket), runner.device,
                                                                  self.pool)
             for pre in self.prefills.values() if capture_now else ():
-                pre.graph, (pre.accept, pre.tokens), self.pool = capture(lambda p=pre: self.prefill_step(p),
+                pre.graph, (pre.accept, pre.tokens), self.pool = capture(functools.partial(self.prefill_step, pre),
                                                                          runner.device, self.pool)
         except Exception as exc:  # any capture failure falls back to eager steps
             self.error = f"{type(exc).__name__}: {exc}"
@@ -142,6 +143,7 @@ class ThinkerGraphs:
         else:  # not captured (CPU tests of the static step): the same step, run eagerly
             bucket.accept, bucket.tokens = self.prefill_step(bucket)
             self.runner.kv.unbind_static()
+        assert bucket.accept is not None and bucket.tokens is not None  # the graph's outputs, or the eager step's
         tokens = bucket.tokens[:n].tolist()
         return [(bucket.accept[b, : x.shape[0]].clone(), tokens[b]) for b, x in enumerate(inputs)]
 
@@ -165,4 +167,5 @@ class ThinkerGraphs:
         else:  # not captured (CPU tests of the static step): the same step, run eagerly
             bucket.tokens = self.step(bucket)
             self.runner.kv.unbind_static()
+        assert bucket.tokens is not None  # the graph's output, or the eager step's
         return bucket.tokens[:n].tolist()

@@ -20,8 +20,12 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 # 1: unmarked (inaudible code2wav, talker experts left uninitialised); 2: tiny_voice + seeded experts.
 TINY_VERSION = 2
@@ -155,14 +159,17 @@ def tiny_config():
         "upsampling_ratios": [2, 2],
         "decoder_dim": 64,
     }
-    special = {k: v for k, v in TOKENS.items() if k in _TOP_LEVEL_TOKENS}
+    special: dict[str, Any] = {k: v for k, v in TOKENS.items() if k in _TOP_LEVEL_TOKENS}
     config = Qwen3OmniMoeConfig(
         thinker_config=thinker, talker_config=talker, code2wav_config=code2wav, enable_audio_output=True, **special
     )
+    # Typed as the dicts they may be given as; the config's __post_init__ has made them configs.
+    thinker_config = cast("PreTrainedConfig", config.thinker_config)
+    talker_config = cast("PreTrainedConfig", config.talker_config)
     # Read by the modelling code but not declared by the config classes.
-    config.thinker_config.vision_start_token_id = TOKENS["vision_start_token_id"]
-    config.talker_config.text_config.shared_expert_intermediate_size = 64
-    config.talker_config.spatial_merge_size = 2
+    thinker_config.vision_start_token_id = TOKENS["vision_start_token_id"]
+    talker_config.text_config.shared_expert_intermediate_size = 64
+    talker_config.spatial_merge_size = 2
     # Ids the tiny vocabulary needs that the config has no field for (see loading.special_tokens).
     config.duplex_tokens = {"audio_end_token_id": TOKENS["audio_end_token_id"],
                             "newline_token_id": TOKENS["newline_token_id"]}

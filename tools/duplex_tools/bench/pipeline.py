@@ -21,6 +21,7 @@ import asyncio
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +36,29 @@ from duplex_tools.bench.report import percentile, table, write_json
 FEED_SAMPLES = 4000  # 250 ms at 16 kHz
 
 
+@dataclass
+class TurnTimes:
+    """A staged turn's clock readings (``time.monotonic``), for its critical path."""
+
+    rid: str
+    end_of_speech: float
+    first_audio: float
+
+
+@dataclass
+class _Round:
+    """One staged round: per turn its TTFA (s) and RTF, and the round's audio and wall seconds."""
+
+    ttfa: list[float]
+    rtf: list[float]
+    audio_s: float
+    wall_s: float
+    turns: list[TurnTimes]
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("pipeline", help="staged vs fused qwen3_omni: TTFA, RTF, throughput by concurrency")
-    parser.add_argument("--config", default="configs/omni-tiny.yaml", help="pipeline YAML (qwen3_omni stages)")
+    parser.add_argument("--config", default="omni-tiny", help="a bundled pipeline name or a YAML path (qwen3_omni stages)")
     parser.add_argument("--model-dir",
                         help="checkpoint for every stage (default: the config's; a tiny one is made if missing)")
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma separated")
@@ -102,7 +123,7 @@ def _turn_request(args) -> TurnRequest:
                        options={"talker_max_new_tokens": args.talker_frames + 1})
 
 
-async def _staged_round(coord, concurrency: int, args, seed: int) -> tuple[list[float], list[float], float, float]:
+async def _staged_round(coord, concurrency: int, args, seed: int) -> _Round:
     from duplex.runtime.requests import OutputChunk
 
     request = _turn_request(args)
@@ -127,34 +148,36 @@ async def _staged_round(coord, concurrency: int, args, seed: int) -> tuple[list[
                     samples += len(event.data.samples)
             elif event.status.value != "completed":
                 raise RuntimeError(f"turn {handle.request_id} ended {event.status.value}: {event.error}")
+        if first is None:
+            raise RuntimeError(f"turn {handle.request_id} completed without audio")
         return first - end_of_speech, time.monotonic() - end_of_speech, samples / 24000, first
 
     results = await asyncio.gather(*(follow(h) for h in handles))
     wall = time.monotonic() - end_of_speech
     audio_s = sum(r[2] for r in results)
-    turns = [{"rid": h.request_id, "end_of_speech": end_of_speech, "first_audio": r[3]}
-             for h, r in zip(handles, results)]
-    return [r[0] for r in results], [r[1] / r[2] for r in results], audio_s, wall, turns
+    turns = [TurnTimes(h.request_id, end_of_speech, r[3]) for h, r in zip(handles, results)]
+    return _Round([r[0] for r in results], [r[1] / r[2] for r in results], audio_s, wall, turns)
 
 
 async def _measure_staged(cfg, levels: list[int], args) -> dict:
     from duplex.models.registry import BUILDERS
     from duplex.runtime.coordinator import Coordinator
 
-    out, turns_c1 = {}, []
+    out: dict[int, dict] = {}
+    turns_c1: list[TurnTimes] = []
     async with Coordinator(cfg, BUILDERS) as coord:
         for warm in _warmups(args):  # first calls allocate, page in, pick kernels for new shapes
             await _staged_round(coord, warm, args, seed=999)
         for level in levels:
             ttfa, rtf, audio_s, wall = [], [], 0.0, 0.0
             for r in range(_rounds(level, args)):
-                t, f, a, w, turns = await _staged_round(coord, level, args, seed=100 * level + r)
-                ttfa += t
-                rtf += f
-                audio_s += a
-                wall += w
+                done = await _staged_round(coord, level, args, seed=100 * level + r)
+                ttfa += done.ttfa
+                rtf += done.rtf
+                audio_s += done.audio_s
+                wall += done.wall_s
                 if level == 1:
-                    turns_c1 += turns
+                    turns_c1 += done.turns
             out[level] = _summary(ttfa, rtf, audio_s, wall)
             await coord.wait_idle(timeout=30)
             print(f"  staged  c={level}: {_line(out[level])}", flush=True)
@@ -182,7 +205,8 @@ def _fused_options(cfg, device: str | None) -> dict:
             "ignore_eos": bool(thinker.args.get("ignore_eos", False)), "graphs": talker.args.get("graphs")}
 
 
-def _measure_fused(options: dict, system_ids: list[int], chunking: dict, levels: list[int], args) -> dict:
+def _measure_fused(options: dict, system_ids: list[int], chunking: dict, levels: list[int],
+                   args) -> tuple[dict[int, dict], list[dict]]:
     import torch
 
     from duplex_tools.qwen3_omni.fused import FusedOmni
@@ -249,12 +273,12 @@ def render(results: dict) -> str:
     return text
 
 
-def overhead_c1(spans: list[dict], turns: list[dict], first_chunk_frames: int, fused_ms: float,
+def overhead_c1(spans: list[dict], turns: list[TurnTimes], first_chunk_frames: int, fused_ms: float,
                 fused_paths: list[dict]) -> dict:
     """TTFA over the critical path's pure compute, per turn, from the stages' step spans; and the
     same path's compute in the fused loop (no other stage competing for the cores)."""
     paths = [p for t in turns
-             if (p := first_chunk_path(spans, t["rid"], t["end_of_speech"], t["first_audio"], first_chunk_frames))]
+             if (p := first_chunk_path(spans, t.rid, t.end_of_speech, t.first_audio, first_chunk_frames))]
     if not paths:
         return {"turns": 0, "fused_ms": fused_ms}
     med = lambda values: percentile(values, 50)

@@ -27,6 +27,7 @@ import asyncio
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from duplex.config.loader import load_pipeline
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
@@ -37,6 +38,7 @@ from duplex_tools.scenario.measure import ScenarioResult, measure
 from duplex_tools.scenario.model import PIPER, Scenario
 from duplex_tools.scenario.runner import run_scenario
 
+Settings = dict[str, Any]  # a mode's session settings (JSON, as session.update sends them)
 SILENCE = {"type": "server_vad"}  # asked for by name: the bundled pipelines' sessions default to semantic_vad
 MODES = {"semantic + listen": {"turn_detection": {"type": "semantic_vad"}, "barge_in": {"mode": "listen"}},
          "silence + listen": {"turn_detection": SILENCE, "barge_in": {"mode": "listen"}},
@@ -44,9 +46,10 @@ MODES = {"semantic + listen": {"turn_detection": {"type": "semantic_vad"}, "barg
 MODE_KEYS = {"semantic": "semantic + listen", "silence": "silence + listen", "onset": "silence + onset (first wave)"}
 DEFAULT = "default"  # --modes key: no session settings sent, the pipeline's own defaults
 EARLY = "semantic-early"  # --modes key: semantic turns that speculate at --speculate-ms, before the judgement
-QUESTION = {"say": "Could you tell me a little about your menu today?", "expect": {"reply": True}}
+MENU_QUESTION = "Could you tell me a little about your menu today?"
+QUESTION = {"say": MENU_QUESTION, "expect": {"reply": True}}
 # the ``question`` category (on request): questions alone, for end of speech -> first audio
-QUESTIONS = (QUESTION["say"], "What toppings do you have?", "How much is a regular mango tea?")
+QUESTIONS = (MENU_QUESTION, "What toppings do you have?", "How much is a regular mango tea?")
 CATEGORIES = ("pause", "backchannel", "noise", "interruption", "question")
 # a pause mid-sentence: plainly, and trailing off in a filler (as people pause to think)
 PAUSES = (("I would like to order a large", "mango tea with pearls please."),
@@ -57,13 +60,13 @@ NOISES = ({"noise": 0.3, "noise_kind": "cough"}, {"noise": 0.15, "noise_kind": "
 INTERRUPTIONS = ("Sorry, can I ask something else instead", "Wait, actually I want a different drink")
 
 
-def _scenario(name: str, steps: list[dict], session: dict, voice: str) -> Scenario:
+def _scenario(name: str, steps: list[dict], session: Settings, voice: str) -> Scenario:
     steps = [{**step, "voice": voice} if "say" in step else step for step in steps]
     return Scenario.model_validate({"name": name, "steps": steps, "session": session or None,  # {}: send none
                                     "expect": {"max_false_interruptions": None}})
 
 
-def scenarios(session: dict, voice: str) -> list[tuple[str, Scenario]]:
+def scenarios(session: Settings, voice: str) -> list[tuple[str, Scenario]]:
     """(category, scenario) for one mode; every "say" in ``voice``."""
     # Piper reads the sentence whole and it is cut at the pause (goes_on): read alone, "I would
     # like to order a large" ends falling, as a finished sentence does (Smart Turn: 0.94 complete;
@@ -86,10 +89,10 @@ def scenarios(session: dict, voice: str) -> list[tuple[str, Scenario]]:
     return made
 
 
-def modes(keys: list[str], speculate_ms: int, default_name: str = DEFAULT) -> dict[str, dict]:
+def modes(keys: list[str], speculate_ms: int, default_name: str = DEFAULT) -> dict[str, Settings]:
     """The modes ``--modes`` names, by their report names, in the order given (``default_name``:
     the report's name for the pipeline's defaults)."""
-    chosen = {}
+    chosen: dict[str, Settings] = {}
     for key in keys:
         if key == DEFAULT:
             chosen[default_name] = {}
@@ -184,7 +187,7 @@ def _categories(value: str) -> list[str]:
     return chosen
 
 
-async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, dict], categories_played: list[str],
+async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, Settings], categories_played: list[str],
                    parts: dict[str, dict[str, float] | None]) -> dict[str, dict[str, Category]]:
     """Each mode's categories, the modes taking turns round by round; ``parts`` gets each mode's
     server-side mean per part of time to first audio."""
@@ -213,6 +216,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     use_loopback_candidates(True)
     print(f"starting `duplex serve --config {args.config}` ...", file=sys.stderr, flush=True)
     with ServerProcess(["--config", args.config, "--port", "0", "--ice-loopback"]) as server:
+        assert server.url is not None  # set once the server is ready, before the block runs
         parts: dict[str, dict[str, float] | None] = {}
         measured = asyncio.run(_measure(server.url, args.rounds, args.voice, chosen_modes, categories_played, parts))
         if any(cat.failed for cats in measured.values() for cat in cats.values()):
