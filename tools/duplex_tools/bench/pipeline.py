@@ -58,7 +58,7 @@ class _Round:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("pipeline", help="staged vs fused qwen3_omni: TTFA, RTF, throughput by concurrency")
-    parser.add_argument("--config", default="omni-tiny", help="a bundled pipeline name or a YAML path (qwen3_omni stages)")
+    parser.add_argument("--config", default="omni-tiny", help="bundled pipeline name or YAML path")
     parser.add_argument("--model-dir",
                         help="checkpoint for every stage (default: the config's; a tiny one is made if missing)")
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma separated")
