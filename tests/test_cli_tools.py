@@ -14,7 +14,11 @@ from duplex.cli import build_parser, main
 
 @pytest.mark.parametrize("argv", [["bench", "relay", "--iterations", "5"], ["scenario", "run", "--help"]])
 def test_without_the_tools_the_commands_say_how_to_install_them(argv, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "duplex_tools", None)  # as if duplex-tools were not installed
+    # as if duplex-tools were not installed: its submodules too, which an earlier test may have imported
+    # (an import finds "duplex_tools.cli" in sys.modules without looking at its parent)
+    for name in [name for name in sys.modules if name == "duplex_tools" or name.startswith("duplex_tools.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "duplex_tools", None)
     assert main(argv) == 2
     assert "pip install -e tools" in capsys.readouterr().err
 

@@ -30,9 +30,10 @@ def test_the_speakable_head_scores_only_its_tokens_and_matches_the_full_layer_th
 
 
 def test_the_int8_speakable_head_stays_close_to_fp32():
-    weight = torch.randn(300, 64)
+    generator = torch.Generator().manual_seed(0)  # the same weights every run: the bound holds for these, not for luck
+    weight = torch.randn(300, 64, generator=generator)
     allowed = list(range(0, 300, 3))
-    hidden = torch.randn(1, 1, 64)
+    hidden = torch.randn(1, 1, 64, generator=generator)
     exact = SpeakableHead(weight, allowed, quantize_int8=False)(hidden)[..., allowed]
     int8 = SpeakableHead(weight, allowed, quantize_int8=True)(hidden)[..., allowed]
     torch.testing.assert_close(int8, exact, atol=0.3, rtol=0.05)

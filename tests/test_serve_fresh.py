@@ -36,6 +36,15 @@ def _inputs_hash() -> str:
     return hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in INPUTS)).hexdigest()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_outer_pythonpath():
+    """An outer PYTHONPATH would put another checkout's duplex (or the tools) ahead of the environment
+    under test in every process it starts: the environment alone must serve."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("PYTHONPATH", raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
 def serve_venv() -> Path:
     """Made (or brought up to date) by serve.sh's own set-up step, before the server's clock runs."""

@@ -30,6 +30,15 @@ PACKAGE_DATA = ["duplex/configs/toy-voice.yaml", "duplex/configs/local.yaml", "d
                 "duplex/models/smart_turn/data/LICENSE"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_outer_pythonpath():
+    """An outer PYTHONPATH would put another checkout's duplex (or the tools) ahead of the environment
+    under test in every process it starts: the environment alone must serve."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("PYTHONPATH", raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """Built from a copy of the sources, so no earlier build folder of the checkout leaks in."""
