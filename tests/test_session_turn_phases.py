@@ -1,7 +1,9 @@
-"""The turn detector's phases (``states.TurnPhase``) and the listening barge-in's
-(``states.ListenPhase``): each table is whole, a move it does not allow raises, and frame
-verdicts walk each through the phases they say. The detector decides
-on stream time, so frames are pushed as voiced/unvoiced verdicts, 20 ms each: no clock, no audio."""
+"""The turn detector's phases (``states.TurnPhase``), the listening barge-in's
+(``states.ListenPhase``) and a reply's pause while an overlap is judged (``ResponseState.PAUSED``):
+each table is whole, a move it does not allow raises, and frame verdicts walk each through the
+phases they say. The detector decides on stream time, so frames are pushed as voiced/unvoiced
+verdicts, 20 ms each: no clock, no audio. Last, a session in process: its reply is paused while
+judged, and an onset-mode barge-in is an overlap verdict like any other."""
 
 from __future__ import annotations
 
@@ -10,16 +12,23 @@ import itertools
 import pytest
 
 from duplex.config.session import BargeInConfig, VadConfig
-from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
+from duplex.runtime.contract import TurnRequest
+from duplex.session.overlap import Listening, OverlapJudge, OverlapKind, OverlapVerdict
+from duplex.session.realtime import events as ev
+from duplex.session.response import Response
 from duplex.session.states import (
     LISTEN_TRANSITIONS,
+    RESPONSE_TRANSITIONS,
     TURN_TRANSITIONS,
     IllegalTransition,
     ListenPhase,
+    ResponseState,
     StateMachine,
     TurnPhase,
 )
 from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, StopReason, TurnDetector
+from tests.session_fakes import Call, FakeTurn, words
+from tests.test_session_call import ONSET, SILENCE_MS, answering
 
 P = TurnPhase
 FRAME_MS = 20
@@ -169,3 +178,112 @@ def test_without_words_the_sound_settles_straight_from_judging_and_a_second_begi
         heard.begin(OverlapJudge(BargeInConfig(), onset_ms=2000, now_ms=2080, voiced_ms=80), "another")
     heard.drop()
     assert heard.phase is ListenPhase.IDLE and heard.judge is None
+
+
+# -- a reply paused while an overlap is judged (ResponseState.PAUSED) -------------------------------
+R = ResponseState
+REPLY = ["this", "is", "a", "long", "answer", "to", "your", "question", "told", "at", "some", "length"]
+
+
+def _playing(*then: ResponseState) -> Response:
+    """A response whose audio is queued (speaking), moved on through ``then``."""
+    response = Response(FakeTurn(TurnRequest(session_id="s"), "req_1"), "item_x_1", "item_x_0")
+    response.commit(speech_end=1.0)
+    response.move(R.SPEAKING)
+    for state in then:
+        response.move(state)
+    return response
+
+
+def test_a_paused_reply_resumes_to_speaking_or_draining_whichever_it_was():
+    speaking = _playing()
+    speaking.pause()
+    assert speaking.state is R.PAUSED and speaking.paused and speaking.audio_began and speaking.live
+    assert not speaking.runtime_ended  # the runtime still produces: it may still fail
+    speaking.resume()
+    assert speaking.state is R.SPEAKING and not speaking.paused
+    draining = _playing(R.DRAINING)
+    draining.pause()
+    assert draining.state is R.PAUSED_DRAINING and draining.paused and draining.runtime_ended
+    draining.resume()
+    assert draining.state is R.DRAINING
+
+
+def test_the_runtime_completing_a_paused_reply_keeps_it_paused_until_the_resume():
+    reply = _playing()
+    reply.pause()
+    reply.complete()
+    assert reply.state is R.PAUSED_DRAINING and reply.paused
+    reply.resume()
+    assert reply.state is R.DRAINING
+
+
+@pytest.mark.parametrize("paused", [R.PAUSED, R.PAUSED_DRAINING])
+def test_an_interruption_cancels_a_paused_reply(paused):
+    reply = _playing(R.DRAINING) if paused is R.PAUSED_DRAINING else _playing()
+    reply.pause()
+    reply.move(R.CANCELLED)
+    assert reply.state is R.CANCELLED and not reply.live and not reply.paused
+
+
+def test_resuming_a_reply_that_is_not_paused_or_pausing_one_that_is_not_playing_raises():
+    speaking = _playing()
+    with pytest.raises(IllegalTransition, match="speaking is not paused"):
+        speaking.resume()
+    assert speaking.state is R.SPEAKING
+    committed = Response(FakeTurn(TurnRequest(session_id="s"), "req_1"), "item_x_1", "item_x_0")
+    committed.commit(speech_end=1.0)
+    with pytest.raises(IllegalTransition, match="committed is not playing"):
+        committed.pause()  # no audio yet: nothing to hold
+    paused = _playing(R.PAUSED)
+    with pytest.raises(IllegalTransition, match="paused is not playing"):
+        paused.pause()
+
+
+@pytest.mark.parametrize(("start", "illegal"), [
+    (R.PAUSED, R.DONE),  # held audio never plays out while paused
+    (R.PAUSED, R.DRAINING),  # a resume returns it to speaking; completing it keeps it paused
+    (R.PAUSED_DRAINING, R.SPEAKING),  # the runtime is done with it
+    (R.PAUSED_DRAINING, R.FAILED),
+    (R.COMMITTED, R.PAUSED),  # no audio queued: nothing to hold
+])
+def test_the_paused_states_refuse_what_the_table_does_not_list(start, illegal):
+    assert illegal not in RESPONSE_TRANSITIONS[start]
+    machine = StateMachine("response", start, RESPONSE_TRANSITIONS)
+    with pytest.raises(IllegalTransition, match=f"{start.value} -> {illegal.value}"):
+        machine.move(illegal)
+
+
+async def test_a_listening_barge_in_pauses_the_reply_in_its_state_and_a_backchannel_resumes_it():
+    call = Call()
+    await answering(call, *REPLY, complete=False)
+    reply = call.session.response
+    assert reply is not None and reply.state is R.SPEAKING
+    await call.say(words("okay"))
+    assert call.of_type(ev.ResponsePaused) and reply.state is R.PAUSED and call.session.listener.active
+    call.runtime.last.complete()  # the runtime finishes it while it is judged
+    await call.quiet(BargeInConfig().resume_ms + 2 * FRAME_MS)
+    assert call.of_type(ev.ResponseResumed) and reply.state is R.DRAINING and not call.session.listener.active
+
+
+async def test_an_onset_mode_barge_in_is_an_interruption_verdict_acted_on_like_a_judged_one():
+    call = Call(ONSET)
+    acted: list[OverlapVerdict] = []
+    act = call.session.interrupted_by
+
+    def spy(verdict: OverlapVerdict, response: Response) -> None:
+        acted.append(verdict)
+        act(verdict, response)
+
+    call.session.interrupted_by = spy  # type: ignore[method-assign]  # a spy: the real one acts
+    await answering(call, *REPLY, complete=False)
+    first = call.runtime.last
+    await call.say(words("wait I would like tea"))
+    await call.quiet(SILENCE_MS)
+    started = call.of_type(ev.SpeechStarted)[1]
+    assert len(acted) == 1
+    verdict = acted[0]
+    assert verdict.kind is OverlapKind.INTERRUPTION and verdict.interrupts and verdict.words is None
+    assert verdict.at_onset and verdict.onset_ms == started.audio_start_ms and verdict.span_ms > 0
+    assert first.aborted and not call.of_type(ev.ResponsePaused) and not call.of_type(ev.OverlapJudged)
+    assert call.session.stats()["barge_ins"] == 1 and call.session.stats()["resumed"] == 0

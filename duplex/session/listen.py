@@ -1,8 +1,10 @@
-"""The session's barge-in that listens (``barge_in.mode: listen``): the reply paused at an onset,
-the overlap judged frame by frame (``overlap.Listening``) and by the words the pipeline's ASR
-hears of it (``overlap_words.OverlapEars``), then settled: an interruption is the session's to
-act on (``ListenHost.interrupted_by``: it stops the reply and opens the caller's turn from the
-onset with all its audio), a backchannel or a noise resumes the reply here.
+"""The session's barge-in: a speech onset while a reply is live. It is decided here, in either
+mode, as an ``overlap.OverlapVerdict``; an interruption is the session's to act on
+(``ListenHost.interrupted_by``: it stops the reply and opens the caller's turn from the onset
+with all its audio). ``barge_in.mode: onset`` decides at once: an interruption. ``listen`` (the
+barge-in that listens) pauses the reply at the onset (the response is ``paused``), judges the
+overlap frame by frame (``overlap.Listening``) and by the words the pipeline's ASR hears of it
+(``overlap_words.OverlapEars``), then settles: a backchannel or a noise resumes the reply here.
 
 ``BargeInListener`` is one part of a ``VoiceSession``; ``ListenHost`` says what it reads and
 changes of the session, and nothing else of it is touched."""
@@ -15,7 +17,7 @@ from typing import Any, Protocol
 from duplex.config.session import SessionConfig
 from duplex.runtime.contract import CallerAudio, Transcript
 from duplex.session.counters import SessionCounters
-from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
+from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict, at_onset
 from duplex.session.overlap_words import OverlapEars
 from duplex.session.playout import Playout
 from duplex.session.port import VoiceRuntime
@@ -68,7 +70,8 @@ class BargeInListener:
 
     @property
     def active(self) -> bool:
-        """A reply is paused and the overlap is being judged."""
+        """An overlap is being judged: the detector's cues do not count meanwhile. Its reply is
+        ``paused`` unless that reply's audio had not begun at the onset."""
         return self._listening.active
 
     @property
@@ -79,10 +82,23 @@ class BargeInListener:
     def feed(self, audio: CallerAudio) -> None:
         self.ears.feed(audio)
 
-    def pause(self, response: Response, onset_ms: int) -> None:
-        """An onset during the reply: silence it now, keep it alive, and listen (``overlap.py``)."""
+    def barge_in(self, response: Response, onset_ms: int) -> None:
+        """A speech onset while ``response`` is live (the turn's audio is open from the onset)."""
         host = self._host
-        played = host.playout.pause() if host.playout.item_id == response.item_id else response.played_ms
+        if host.config.barge_in.mode == "onset":
+            voiced_ms = min(host.config.vad.min_speech_ms, host.stream_ms - onset_ms)  # what started the turn
+            host.interrupted_by(at_onset(onset_ms, host.stream_ms, voiced_ms), response)
+        else:
+            self.pause(response, onset_ms)
+
+    def pause(self, response: Response, onset_ms: int) -> None:
+        """An onset during the reply: silence it now, keep it alive, and listen (``overlap.py``).
+        A reply announced whose audio has not begun has nothing to hold: it is judged unpaused."""
+        host = self._host
+        played = response.played_ms
+        if response.audio_began:
+            response.pause()
+            played = host.playout.pause()
         host.last_barge_in_ms = 1000 * (host.now() - host.time_at(onset_ms))
         vad, barge_in = host.config.vad, host.config.barge_in
         # the voiced audio that started this onset: a live reply in listen mode asks only this much
@@ -113,8 +129,11 @@ class BargeInListener:
     def drop(self) -> None:
         """Nothing to judge any more (the client cleared the input): the paused reply plays on."""
         if self._listening.active:
+            reply = self._listening.reply
             self._listening.drop()
             self.ears.stop()
+            if reply is not None and reply.paused:
+                reply.resume()
             self._host.playout.resume()
 
     def stop(self) -> None:
@@ -137,7 +156,10 @@ class BargeInListener:
             return
         host.detector.reset()  # the sound is over: no turn
         host.audio.close()
-        if response.live and host.playout.item_id == response.item_id:
+        if response.paused:
+            response.resume()
             host.playout.resume()
+        # a reply unpaused at the onset (no audio yet) whose audio began while judged is told of too
+        if response.audio_began:
             host.counters.resumed += 1
             host.tell.resumed(response, host.playout.played_ms, verdict)

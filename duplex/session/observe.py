@@ -67,8 +67,12 @@ class _NoTap:
 
 NO_TAP: CallTap = _NoTap()
 
+# a paused reply's silence counted as an underrun before pausing was a state of its own (it was
+# ``speaking`` then): kept so the metric reads as it did
+_UNDERRUN_STATES = frozenset({ResponseState.SPEAKING, ResponseState.PAUSED})
+
 
 def starved(response: Response | None, frame: PulledFrame) -> bool:
     """A reply is playing (its audio began, the pipeline still makes more) but this frame is
     silence: the pipeline fell behind real time (an underrun the caller hears as a gap)."""
-    return response is not None and response.state is ResponseState.SPEAKING and frame.item_id is None
+    return response is not None and response.state in _UNDERRUN_STATES and frame.item_id is None

@@ -36,7 +36,8 @@ shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed 
 - words the sound could not have said (``overlap_words.credible``: Whisper's sentences made up
   from a cough) are no words.
 
-Sessions that want every onset to interrupt set ``barge_in.mode: onset``.
+Sessions that want every onset to interrupt set ``barge_in.mode: onset``: nothing pauses, and
+the onset is an interruption decided by its sound the moment it is recognised (``at_onset``).
 """
 
 from __future__ import annotations
@@ -66,10 +67,17 @@ class OverlapVerdict:
     span_ms: int  # from the onset to the decision
     sound_end_ms: int  # stream time just after its last voiced frame
     words: str | None = None  # the transcript that decided it; None: decided by the sound
+    at_onset: bool = False  # decided when the onset was recognised (``barge_in.mode: onset``); nothing was paused
 
     @property
     def interrupts(self) -> bool:
         return self.kind is OverlapKind.INTERRUPTION
+
+
+def at_onset(onset_ms: int, now_ms: int, voiced_ms: int) -> OverlapVerdict:
+    """``barge_in.mode: onset``: the onset recognised at ``now_ms`` is an interruption, its
+    sound taken to go on: no judge is waited for."""
+    return OverlapVerdict(OverlapKind.INTERRUPTION, onset_ms, voiced_ms, now_ms - onset_ms, now_ms, at_onset=True)
 
 
 class OverlapJudge:

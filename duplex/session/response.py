@@ -11,13 +11,17 @@ from collections.abc import Callable
 from duplex.runtime.contract import ErrorCode, StageError, Transcript
 from duplex.session.heard import VoicedText
 from duplex.session.port import Turn, TurnEnded, TurnEvent, TurnStatus
-from duplex.session.states import RESPONSE_TRANSITIONS, ResponseState, StateMachine
+from duplex.session.states import RESPONSE_TRANSITIONS, IllegalTransition, ResponseState, StateMachine
 from duplex.session.turn_timing import TurnBreakdown, TurnTiming
 
 log = logging.getLogger("duplex.session")
 
-_AUDIO_QUEUED = frozenset({ResponseState.SPEAKING, ResponseState.DRAINING})
-_RUNTIME_ENDED = frozenset({ResponseState.DRAINING, ResponseState.DONE, ResponseState.FAILED})
+# where a reply is held while an overlap is judged, and the state its resume returns to
+_RESUMES_TO = {ResponseState.PAUSED: ResponseState.SPEAKING, ResponseState.PAUSED_DRAINING: ResponseState.DRAINING}
+_PAUSES_TO = {playing: paused for paused, playing in _RESUMES_TO.items()}
+_AUDIO_QUEUED = frozenset(_RESUMES_TO) | frozenset(_PAUSES_TO)
+_RUNTIME_ENDED = frozenset({ResponseState.DRAINING, ResponseState.PAUSED_DRAINING, ResponseState.DONE,
+                            ResponseState.FAILED})
 
 
 class Response:
@@ -74,6 +78,30 @@ class Response:
     def audio_began(self) -> bool:
         """Its audio was queued for playout (and it was not stopped since)."""
         return self.state in _AUDIO_QUEUED
+
+    @property
+    def paused(self) -> bool:
+        """Its audio is held where it stopped while an overlap is judged (``listen.py``)."""
+        return self.state in _RESUMES_TO
+
+    def pause(self) -> None:
+        """An onset over its playing audio: hold it (speaking or draining, whichever it was)."""
+        self.move(self._either(_PAUSES_TO, "playing"))
+
+    def resume(self) -> None:
+        """The overlap was no interruption: its audio plays on from where it was held."""
+        self.move(self._either(_RESUMES_TO, "paused"))
+
+    def complete(self) -> None:
+        """The runtime completed it: what is queued plays out (held on, if it is paused)."""
+        self.move({ResponseState.SPEAKING: ResponseState.DRAINING,
+                   ResponseState.PAUSED: ResponseState.PAUSED_DRAINING}.get(self.state, ResponseState.DONE))
+
+    def _either(self, moves: dict[ResponseState, ResponseState], what: str) -> ResponseState:
+        # pausing and resuming each have two sources: the table alone cannot name the one target
+        if self.state not in moves:
+            raise IllegalTransition(f"{self._machine.name}: {self.state.value} is not {what}")
+        return moves[self.state]
 
     @property
     def runtime_ended(self) -> bool:

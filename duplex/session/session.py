@@ -6,12 +6,13 @@ loop; nothing here blocks.
 
 Two state machines (``states.py``) say where things stand: the call's (idle -> user_speaking ->
 responding -> agent_speaking -> idle) and each response's (listening -> [speculative ->]
-committed -> speaking -> draining -> done, or cancelled / failed). Turn cues come from
-``turns.TurnDetector``. Speech onset while a response is live is a barge-in: the output is
-flushed at once, the response aborted in every stage, the client told where its audio was cut,
-and a new turn begins. With ``barge_in.mode: listen`` the output pauses at the onset instead and
-``listen.BargeInListener`` judges the sound and its words: an interruption goes on as above
-(``interrupted_by``), a backchannel or a noise resumes the paused reply where it stopped.
+committed -> speaking [<-> paused] -> draining -> done, or cancelled / failed). Turn cues come
+from ``turns.TurnDetector``. Speech onset while a response is live is a barge-in, and
+``listen.BargeInListener`` decides it: with ``barge_in.mode: onset`` at once, an interruption
+(``interrupted_by``: the output is flushed, the response aborted in every stage, the client told
+where its audio was cut, and a new turn begins); with ``listen`` the reply pauses at the onset and
+the sound and its words are judged: an interruption goes on as above, a backchannel or a noise
+resumes the paused reply where it stopped.
 
 Preemptive generation: a pause (``SessionConfig.pause_ms``) closes the turn's input and the
 answer starts, held; voice again aborts it and a fresh request (``supersedes`` the old) gets the
@@ -113,12 +114,17 @@ class VoiceSession:
 
     def interrupted_by(self, verdict: OverlapVerdict, response: Response) -> None:
         """The overlap was an interruption: stop the reply (if it still lives); the caller's turn
-        goes on from the onset with all its audio, whatever the detector made of the pauses."""
+        goes on from the onset with all its audio. A verdict at the onset found the detector's
+        turn just opened and its audio pending; a judged one had the reply paused (its audio
+        stopped then: ``last_barge_in_ms``) and the turn's audio and cues held while judging."""
+        judged = not verdict.at_onset
         if response.live:
-            self._interrupt("turn_detected", None)
-            self._count_barge_in(response, self.last_barge_in_ms or 0.0)
-        self.detector.carry_on(verdict.onset_ms, verdict.sound_end_ms, self._stream_ms)
-        self._open_turn(verdict.onset_ms, replay=True)
+            self._interrupt("turn_detected", None if judged else self.time_at(verdict.onset_ms))
+            if judged:
+                self._count_barge_in(response, self.last_barge_in_ms or 0.0)
+        if judged:
+            self.detector.carry_on(verdict.onset_ms, verdict.sound_end_ms, self._stream_ms)
+        self._open_turn(verdict.onset_ms, replay=judged)
 
     # -- caller audio in ------------------------------------------------------------------------
     def push_input(self, samples: np.ndarray, arrival: float | None = None, position: int | None = None) -> None:
@@ -167,10 +173,8 @@ class VoiceSession:
         self.audio.open((self.config.vad.prefix_padding_ms + since_onset_ms) // self.config.vad.frame_ms)
         response = self._response
         if response is not None and response.live:
-            if self.config.barge_in.mode == "listen":
-                self.listener.pause(response, onset_ms)
-                return
-            self._interrupt("turn_detected", self._input.clock.time_at(onset_ms))
+            self.listener.barge_in(response, onset_ms)
+            return
         self._open_turn(onset_ms)
 
     def _open_turn(self, onset_ms: int, replay: bool = False) -> None:
@@ -347,9 +351,7 @@ class VoiceSession:
         if end.status is TurnStatus.COMPLETED:
             if response.audio_began:
                 self.playout.complete_item()
-                response.move(ResponseState.DRAINING)
-            else:
-                response.move(ResponseState.DONE)
+            response.complete()
             self.tell.response_completed(response)
             if not response.live:
                 self._end_of_response(response)

@@ -41,7 +41,11 @@ class ResponseState(str, enum.Enum):
     SPECULATIVE = "speculative"  # the caller paused: input closed, every output held (preemption)
     COMMITTED = "committed"  # the turn ended: announced (response.created); no audio queued yet
     SPEAKING = "speaking"  # its audio is queued for playout; the runtime still produces
+    # an onset paused its audio where it stopped while the overlap is judged (``listen.py``);
+    # the runtime still produces: a resume goes back to speaking
+    PAUSED = "paused"
     DRAINING = "draining"  # the runtime completed it; the rest of its audio plays out
+    PAUSED_DRAINING = "paused_draining"  # paused (or completed while paused): a resume goes back to draining
     DONE = "done"  # completed and all of its audio played (or it had none)
     CANCELLED = "cancelled"  # stopped by us: barge-in, client cancel, superseded, cleared, hang-up
     FAILED = "failed"  # the runtime failed it
@@ -54,8 +58,12 @@ RESPONSE_TRANSITIONS: Mapping[ResponseState, frozenset[ResponseState]] = {
     # the turn ended as the speculation assumed, or the caller spoke again (cancelled)
     ResponseState.SPECULATIVE: frozenset({ResponseState.COMMITTED}) | _STOPPABLE,
     ResponseState.COMMITTED: frozenset({ResponseState.SPEAKING, ResponseState.DONE}) | _STOPPABLE,
-    ResponseState.SPEAKING: frozenset({ResponseState.DRAINING}) | _STOPPABLE,
-    ResponseState.DRAINING: frozenset({ResponseState.DONE, ResponseState.CANCELLED}),
+    ResponseState.SPEAKING: frozenset({ResponseState.DRAINING, ResponseState.PAUSED}) | _STOPPABLE,
+    # resumed; the runtime completed it while paused; interrupted (cancelled) or the runtime failed
+    ResponseState.PAUSED: frozenset({ResponseState.SPEAKING, ResponseState.PAUSED_DRAINING}) | _STOPPABLE,
+    ResponseState.DRAINING: frozenset({ResponseState.DONE, ResponseState.CANCELLED, ResponseState.PAUSED_DRAINING}),
+    # the runtime is done with it: it can no longer fail, only resume or be interrupted
+    ResponseState.PAUSED_DRAINING: frozenset({ResponseState.DRAINING, ResponseState.CANCELLED}),
     ResponseState.DONE: frozenset(),
     ResponseState.CANCELLED: frozenset(),
     ResponseState.FAILED: frozenset(),
