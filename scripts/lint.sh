@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The habits that keep the house in order: layer contracts (import-linter), ruff, a type checker on
-# duplex/ and tools/ (mypy.ini), no import cycles (tools too), no file over 500 lines, and the docs
-# (the README's size and links, the site built in strict mode: scripts/docs.sh).
+# duplex/ and tools/ (mypy.ini), no import cycles (tools too) between modules or between rooms, no
+# wrong-way arrow between rooms, no file over 500 lines, and the docs (the README's size and links,
+# the site built in strict mode: scripts/docs.sh).
 # Run from scripts/test.sh before the suite; needs the venv from scripts/setup.sh --test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,8 @@ echo "== lint: mypy (duplex, tools)"
 mypy duplex tools/duplex_tools
 echo "== lint: import cycles"
 python scripts/import_cycles.py
+echo "== lint: import graph between rooms (no cycle, no wrong-way arrow)"
+python scripts/import_graph.py
 echo "== lint: file sizes"
 big=$(git ls-files '*.py' | xargs wc -l | awk '$2 != "total" && $1 > 500 {print "  " $2 " (" $1 " lines)"}')
 if [ -n "$big" ]; then echo "files over 500 lines:"; echo "$big"; exit 1; fi

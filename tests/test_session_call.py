@@ -13,8 +13,8 @@ import pytest
 
 from duplex.config.session import EchoConfig, SessionConfig
 from duplex.runtime.contract import SESSION_RATE, Heard, SessionEnd, TurnRequest
+from duplex.session.protocol import handle_client_message
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import handle_client_message
 from duplex.session.session import FEED_MS
 from tests.session_fakes import ARRIVAL_LAG_S, CLOCK_START, FRAME_MS, Call, words
 

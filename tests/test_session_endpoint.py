@@ -14,8 +14,8 @@ import pytest
 
 from duplex.config.session import EAGERNESS, SemanticTurnConfig, SessionConfig
 from duplex.session.endpoint import words_hang
+from duplex.session.protocol import apply_settings, describe_session, handle_client_message
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import apply_settings, describe_session, handle_client_message
 from duplex.session.turns import TurnDetector
 from tests.session_fakes import FRAME_MS, Call, words
 

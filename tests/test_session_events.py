@@ -7,8 +7,8 @@ import json
 import pytest
 
 from duplex.config.session import BargeInConfig, PreemptConfig, SemanticTurnConfig, SessionConfig, VadConfig
+from duplex.session.protocol import apply_settings
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import apply_settings
 
 
 @pytest.mark.parametrize("raw, code", [

@@ -13,8 +13,8 @@ from duplex.models.toy_voice.synth import speak
 from duplex.runtime.contract import SESSION_RATE, Heard
 from duplex.session.heard import VoicedText
 from duplex.session.overlap import OverlapJudge, OverlapKind
+from duplex.session.protocol import handle_client_message
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import handle_client_message
 from tests.session_fakes import FRAME_MS, Call, silence, words
 from tests.test_session_call import ONSET, SILENCE_MS, answering, play_until_idle
 

@@ -14,8 +14,8 @@ from duplex.config.session import BargeInConfig, SessionConfig
 from duplex.runtime.contract import OverlapProbe, TurnRequest
 from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
 from duplex.session.overlap_words import Said, is_backchannel, spoken_words, what_words_say
+from duplex.session.protocol import handle_client_message
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import handle_client_message
 from tests.session_fakes import FRAME_MS, Call, words
 from tests.test_session_call import SILENCE_MS, answering, play_until_idle
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from duplex.config.session import SessionConfig, VadConfig
+from duplex.session.protocol import apply_settings
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import apply_settings
 from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 from duplex.session.vad import FrameClassifier
 from duplex_tools.client import RealtimeClient

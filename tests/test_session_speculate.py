@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 from duplex.config.session import SemanticTurnConfig, SessionConfig, VadConfig
+from duplex.session.protocol import apply_settings, describe_session
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import apply_settings, describe_session
 from duplex.session.turns import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 from tests.session_fakes import FRAME_MS, Call, words
 from tests.test_session_endpoint import ScriptedModel, judged

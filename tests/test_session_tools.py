@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 from duplex.runtime.contract import ToolCallDelta, ToolCallDone, ToolOutput, ToolSpec
+from duplex.session.protocol import MAX_EVENT_BYTES, handle_client_message
 from duplex.session.realtime import events as ev
 from duplex.session.realtime import tool_events as tev
-from duplex.session.realtime.protocol import MAX_EVENT_BYTES, handle_client_message
 from tests.session_fakes import Call
 from tests.test_session_call import ask, play_until_idle
 

@@ -16,8 +16,8 @@ from duplex.config.loader import load_pipeline
 from duplex.models.smart_turn import SmartTurnUnavailable, smart_turn_path
 from duplex.server.serve import session_defaults
 from duplex.server.turn_end import LazyTurnEnd, load_turn_end_model
+from duplex.session.protocol import describe_session, handle_client_message
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import describe_session, handle_client_message
 from duplex_tools.harness import ServerProcess, espeak
 from duplex_tools.ws_client import RATE, WsCaller
 from tests.session_fakes import Call

@@ -15,8 +15,8 @@ from duplex.models.local.asr import StreamingASR
 from duplex.models.local.stages import StreamingTTS
 from duplex.models.toy_voice.stages import Ears, Mind, Voice
 from duplex.runtime.contract import AgentAudio, AgentText, CallerAudio, Transcript, TurnRequest, WorkItem
+from duplex.session.protocol import handle_client_message
 from duplex.session.realtime import item_events as iev
-from duplex.session.realtime.protocol import handle_client_message
 from tests.session_fakes import Call, words
 
 

@@ -28,8 +28,8 @@ from duplex.edge.webrtc.gateway import WebRTCGateway, split_path_id
 from duplex.edge.webrtc.offer import OfferError
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.port import VoiceRuntime
+from duplex.session.protocol import apply_settings
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import apply_settings
 
 log = logging.getLogger("duplex.edge")
 WEB_DIR = Path(str(files("duplex") / "web"))  # the demo page ships inside the package (package data)

@@ -2,7 +2,7 @@
 SDK's ``realtime.connect`` opens), one session per connection, over the same session manager,
 sessions and barge-in as WebRTC and the phones.
 
-The door is thin. Client events go to the shared protocol (``session/realtime/protocol.py``); it handles
+The door is thin. Client events go to the shared protocol (``session/protocol.py``); it handles
 here only what is the transport's: the audio formats (``audio.py``) and the limits (frame
 size, append rate, session length: each answered with an ``error`` event, then a clean close).
 Every event the session emits is forwarded as it is, so events this file has never heard of
@@ -32,9 +32,9 @@ from duplex.edge.realtime_ws.audio import WS_OUTPUT, Format, InputDecoder, Outpu
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.pacing import FramePacer
 from duplex.session.playout import PulledFrame
+from duplex.session.protocol import apply_settings, describe_session, handle_client_message
 from duplex.session.realtime import events as ev
 from duplex.session.realtime import item_events as iev
-from duplex.session.realtime.protocol import apply_settings, describe_session, handle_client_message
 from duplex.session.session import VoiceSession
 
 log = logging.getLogger("duplex.edge")

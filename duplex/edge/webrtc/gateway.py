@@ -20,8 +20,8 @@ from duplex.edge.webrtc.offer import OfferError, check_offer
 from duplex.edge.webrtc.rtc_peer import Peer, PeerListener, RtcPeer
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.observe import Refusal
+from duplex.session.protocol import apply_settings, describe_session, handle_client_message
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.protocol import apply_settings, describe_session, handle_client_message
 from duplex.session.session import VoiceSession
 
 log = logging.getLogger("duplex.edge")

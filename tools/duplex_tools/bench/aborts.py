@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from duplex.runtime.contract import SESSION_RATE, CallerAudio, TurnRequest
-from duplex_tools.bench.report import percentile
+from duplex_tools.report import percentile
 
 POINTS = ("mid_thinker", "mid_talker", "mid_vocoder")
 # long enough to abort mid-way

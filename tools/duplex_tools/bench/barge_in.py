@@ -21,10 +21,10 @@ import sys
 import httpx
 
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
-from duplex_tools.bench.report import percentile, table, write_json
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess, espeak
 from duplex_tools.probes import ask, barge_in, next_response
+from duplex_tools.report import percentile, table, write_json
 
 VARIANTS = {"arrival-order receive (ours)": True, "aiortc stock jitter buffer": False}
 # name -> (server flags, scrape /metrics while measuring)

@@ -25,7 +25,7 @@ import numpy as np
 
 from duplex.audio import resample
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
-from duplex_tools.bench.report import percentile, table, write_json
+from duplex_tools.report import percentile, table, write_json
 from duplex_tools.scenario.cli import is_loopback_url
 
 DOORS = ("websocket", "webrtc")

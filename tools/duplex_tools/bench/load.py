@@ -23,8 +23,8 @@ from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
 from duplex_tools.bench import overrides_refused
 from duplex_tools.bench.knock import knock_until
-from duplex_tools.bench.report import percentile, table, write_json
 from duplex_tools.bench.server_parts import mean_parts_ms, read_parts
+from duplex_tools.report import percentile, table, write_json
 from duplex_tools.scenario.cli import is_loopback_url
 from duplex_tools.scenario.frames import frame_quality
 from duplex_tools.scenario.measure import measure

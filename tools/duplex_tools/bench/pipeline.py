@@ -31,7 +31,7 @@ from duplex.runtime import steptrace
 from duplex.runtime.contract import SESSION_RATE, CallerAudio, TurnRequest
 from duplex_tools.bench.aborts import measure_aborts
 from duplex_tools.bench.critical_path import first_chunk_path
-from duplex_tools.bench.report import percentile, table, write_json
+from duplex_tools.report import percentile, table, write_json
 
 FEED_SAMPLES = 4000  # 250 ms at 16 kHz
 

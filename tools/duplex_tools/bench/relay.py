@@ -14,7 +14,7 @@ from duplex.config import parse_size, pipeline_from_dict
 from duplex.models.registry import BUILDERS
 from duplex.runtime.contract import TurnRequest
 from duplex.runtime.coordinator import Coordinator
-from duplex_tools.bench.report import percentile, table, write_json
+from duplex_tools.report import percentile, table, write_json
 
 PIPELINE = {
     "name": "relay-bench",

@@ -22,9 +22,9 @@ from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
 from duplex_tools.bench import overrides_refused
 from duplex_tools.bench.load import leftover, spread
-from duplex_tools.bench.report import table, write_json
 from duplex_tools.bench.soak_sample import Sample, ServerSampler
 from duplex_tools.bench.soak_verdict import Bounds, passed, resource_rows, rss_slope_kib
+from duplex_tools.report import table, write_json
 from duplex_tools.scenario.cli import is_loopback_url
 from duplex_tools.scenario.measure import measure
 from duplex_tools.scenario.model import Scenario, ScenarioError, load_scenario

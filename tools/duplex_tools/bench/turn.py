@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from duplex_tools.bench.report import write_json
 from duplex_tools.bench.turn_pipeline import measure, plot, render
+from duplex_tools.report import write_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -18,7 +18,7 @@ import contextlib
 import os
 
 from duplex_tools.bench import turn_pipeline
-from duplex_tools.bench.report import table
+from duplex_tools.report import table
 
 
 async def measure(args: argparse.Namespace, overrides: list[str]) -> dict:

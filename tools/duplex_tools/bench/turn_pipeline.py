@@ -31,7 +31,7 @@ from duplex.config import load_pipeline
 from duplex.config.session import VadConfig
 from duplex.runtime.contract import SESSION_RATE, AgentAudio, AgentText, CallerAudio, Transcript, TurnRequest
 from duplex.session.vad import FrameClassifier
-from duplex_tools.bench.report import percentile, table
+from duplex_tools.report import percentile, table
 
 UTTERANCES = (
     "I would like a bubble tea with less ice.",

@@ -27,7 +27,7 @@ from duplex.config.session import SessionConfig
 from duplex.runtime.contract import SESSION_RATE
 from duplex.session.playout import OutputFormat
 from duplex.session.realtime import events as ev
-from duplex_tools.bench.report import percentile, table
+from duplex_tools.report import percentile, table
 
 MODES = ("off", "on")
 FRAME_MS = 20

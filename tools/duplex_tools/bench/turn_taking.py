@@ -31,9 +31,9 @@ from typing import Any
 
 from duplex.config.loader import load_pipeline
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
-from duplex_tools.bench.report import percentile, table, write_json
 from duplex_tools.bench.server_parts import Totals, add_parts, mean_parts_ms, read_parts
 from duplex_tools.harness import ServerProcess
+from duplex_tools.report import percentile, table, write_json
 from duplex_tools.scenario.measure import ScenarioResult, measure
 from duplex_tools.scenario.model import PIPER, Scenario
 from duplex_tools.scenario.runner import run_scenario

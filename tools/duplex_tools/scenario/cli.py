@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools import SCENARIOS_DIR
-from duplex_tools.bench.report import write_json
+from duplex_tools.report import write_json
 from duplex_tools.scenario.measure import Check, ScenarioResult, measure
 from duplex_tools.scenario.model import Scenario, ScenarioError, find_scenarios
 from duplex_tools.scenario.recording import Recording

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from duplex_tools.bench.report import percentile, table
+from duplex_tools.report import percentile, table
 from duplex_tools.scenario.measure import ScenarioResult
 
 HEADERS = ["scenario", "result", "TTFB ms (each)", "barge-in stop ms", "abort freed ms", "false int.",

@@ -1,4 +1,4 @@
-"""Tables, percentiles and JSON output shared by the benchmarks."""
+"""Tables, percentiles and JSON output shared by the benchmarks and the scenario runner."""
 
 from __future__ import annotations
 
