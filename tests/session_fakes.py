@@ -28,6 +28,7 @@ from duplex.runtime.contract import (
     StageError,
     Transcript,
 )
+from duplex.session.door import AudioClear, SimpleDoor
 from duplex.session.endpoint import TurnEndModel
 from duplex.session.playout import OutputFormat
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus
@@ -190,8 +191,10 @@ class Call:
         self.runtime = FakeRuntime()
         self.events: list[ev.ServerEvent] = []
         self._event_frames: list[int] = []  # per event: how many output frames had been pulled
-        self.session = VoiceSession("sess_fake01", self.runtime, config or SessionConfig(), self._record,
-                                    OUTPUT, clock=self.clock, turn_end=turn_end)
+        self.clears: list[AudioClear] = []  # the door's typed clear-audio signals, in order
+        door = SimpleDoor("fake", OUTPUT, self._record, self.clears.append)
+        self.session = VoiceSession("sess_fake01", self.runtime, config or SessionConfig(), door,
+                                    clock=self.clock, turn_end=turn_end)
         self.played: list[np.ndarray] = []  # every output frame, int16
         self.stream_ms = 0  # caller audio sent so far
         self._echo_gain = echo_gain

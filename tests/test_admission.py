@@ -23,6 +23,7 @@ from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.load import LoadMonitor
 from duplex.server.admission import LoadAdmission
 from duplex.server.runtime_adapter import CoordinatorRuntime
+from duplex.session.door import SimpleDoor
 from duplex.session.manager import ServerOverloaded, SessionManager, StageDown
 from duplex.session.observe import Refusal
 from duplex.session.playout import OutputFormat
@@ -66,7 +67,7 @@ class Server:
 
     def open(self) -> tuple[object, list[ev.ServerEvent]]:
         events: list[ev.ServerEvent] = []
-        session = self.manager.open("websocket", events.append, OutputFormat(sample_rate=24000, channels=1))
+        session = self.manager.open(SimpleDoor("websocket", OutputFormat(sample_rate=24000, channels=1), events.append))
         return session, events
 
 

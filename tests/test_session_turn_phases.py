@@ -13,6 +13,7 @@ import pytest
 
 from duplex.config.session import BargeInConfig, VadConfig
 from duplex.runtime.contract import TurnRequest
+from duplex.session.door import AudioClear
 from duplex.session.overlap import Listening, OverlapJudge, OverlapKind, OverlapVerdict
 from duplex.session.realtime import events as ev
 from duplex.session.response import Response
@@ -261,6 +262,7 @@ async def test_a_listening_barge_in_pauses_the_reply_in_its_state_and_a_backchan
     assert reply is not None and reply.state is R.SPEAKING
     await call.say(words("okay"))
     assert call.of_type(ev.ResponsePaused) and reply.state is R.PAUSED and call.session.listener.active
+    assert call.clears == [AudioClear.PAUSED]  # the door is told by a typed signal, not a wire event
     call.runtime.last.complete()  # the runtime finishes it while it is judged
     await call.quiet(BargeInConfig().resume_ms + 2 * FRAME_MS)
     assert call.of_type(ev.ResponseResumed) and reply.state is R.DRAINING and not call.session.listener.active
@@ -287,3 +289,4 @@ async def test_an_onset_mode_barge_in_is_an_interruption_verdict_acted_on_like_a
     assert verdict.at_onset and verdict.onset_ms == started.audio_start_ms and verdict.span_ms > 0
     assert first.aborted and not call.of_type(ev.ResponsePaused) and not call.of_type(ev.OverlapJudged)
     assert call.session.stats()["barge_ins"] == 1 and call.session.stats()["resumed"] == 0
+    assert call.clears == [AudioClear.CUT]

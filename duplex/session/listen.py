@@ -19,7 +19,7 @@ from duplex.runtime.contract import CallerAudio, Transcript
 from duplex.session.counters import SessionCounters
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict, at_onset
 from duplex.session.overlap_words import OverlapEars
-from duplex.session.playout import Playout
+from duplex.session.playout import AudioClear, Playout
 from duplex.session.port import VoiceRuntime
 from duplex.session.response import Response
 from duplex.session.turn_audio import TurnAudio
@@ -56,6 +56,8 @@ class ListenHost(Protocol):
     def time_at(self, stream_ms: int) -> float: ...  # when that stream position arrived (monotonic)
 
     def now(self) -> float: ...
+
+    def clear_audio(self, why: AudioClear) -> None: ...  # the door drops what its far end queued
 
     def interrupted_by(self, verdict: OverlapVerdict, response: Response) -> None: ...
 
@@ -108,6 +110,7 @@ class BargeInListener:
         words = barge_in.words and host.config.overlap_probe_request
         self._listening.begin(judge, response, words)
         host.tell.paused(response, played, onset_ms)
+        host.clear_audio(AudioClear.PAUSED)  # what the far end queued would play over the judging
         if words:  # the pipeline's ASR hears the overlap from its onset's prefix on
             self.ears.start(host.audio.take_pending())
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from duplex.config.session import SessionConfig
+from duplex.session.door import Door, SimpleDoor
 from duplex.session.endpoint import TurnEndModel
 from duplex.session.observe import CallObserver, CallTap, Refusal
-from duplex.session.playout import OutputFormat
 from duplex.session.port import VoiceRuntime
 from duplex.session.realtime import events as ev
 from duplex.session.session import VoiceSession
@@ -106,17 +106,17 @@ class SessionManager:
         if self.observer is not None:
             self.observer.refused(transport, reason)
 
-    def open(self, transport: str, send: Callable[[ev.ServerEvent], None], output_format: OutputFormat,
-             config: SessionConfig | None = None, call_id: str | None = None) -> VoiceSession:
+    def open(self, door: Door, config: SessionConfig | None = None, call_id: str | None = None) -> VoiceSession:
+        """The one way every door opens a session (``door.py``: what the door gives it)."""
+        transport = door.transport
         self.reserve(transport)
         session_id = f"sess_{secrets.token_hex(8)}"
         made: list[VoiceSession] = []
         tap = None
         if self.observer is not None:
-            tap = self.observer.open_call(session_id, transport, call_id or session_id, output_format)
-            send = _tapped(send, tap, made)
-        session = VoiceSession(session_id, self.runtime, config or self.config, send, output_format,
-                               turn_end=self.turn_end)
+            tap = self.observer.open_call(session_id, transport, call_id or session_id, door.output)
+            door = SimpleDoor(transport, door.output, _tapped(door.deliver, tap, made), door.clear_audio)
+        session = VoiceSession(session_id, self.runtime, config or self.config, door, turn_end=self.turn_end)
         made.append(session)
         if tap is not None:
             session.tap = tap

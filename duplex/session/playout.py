@@ -7,11 +7,19 @@ audio was actually pulled: that is where a barge-in truncates the response.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
 
 from duplex.audio import Resampler
+
+
+class AudioClear(enum.Enum):
+    """Why a door must drop the agent audio its far end has queued (``door.Door.clear_audio``)."""
+
+    CUT = "cut"  # the caller interrupted: the reply is over
+    PAUSED = "paused"  # an overlap is being judged: silence now, the reply may resume
 
 
 @dataclass(frozen=True)

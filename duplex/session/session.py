@@ -35,12 +35,13 @@ from duplex.config.session import SessionConfig
 from duplex.runtime.contract import AgentAudio, AgentText, Heard, ToolCallDelta, ToolCallDone, Transcript, TurnRequest
 from duplex.session.clock import InputFrames
 from duplex.session.counters import SessionCounters
+from duplex.session.door import AudioClear, Door
 from duplex.session.echo import EchoGate
 from duplex.session.endpoint import EndOfTurnJudge, TurnEndModel, TurnJudgement
 from duplex.session.listen import BargeInListener
 from duplex.session.observe import NO_TAP, CallTap, starved
 from duplex.session.overlap import OverlapVerdict
-from duplex.session.playout import OutputFormat, Playout, PulledFrame
+from duplex.session.playout import Playout, PulledFrame
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus, VoiceRuntime, announce_session_end
 from duplex.session.realtime import events as ev
 from duplex.session.realtime.announce import Announcer
@@ -59,19 +60,19 @@ FEED_MS = 100  # caller audio goes to the runtime in chunks this long while the 
 
 
 class VoiceSession:
-    def __init__(self, session_id: str, runtime: VoiceRuntime, config: SessionConfig,
-                 send: Callable[[ev.ServerEvent], None], output_format: OutputFormat | None = None,
+    def __init__(self, session_id: str, runtime: VoiceRuntime, config: SessionConfig, door: Door,
                  clock: Callable[[], float] = time.monotonic, turn_end: TurnEndModel | None = None) -> None:
         self.session_id = session_id
         self.runtime = runtime
         self.config = config
         self._clock = clock
-        self.tell = Announcer(session_id, send)
+        self.door = door
+        self.tell = Announcer(session_id, door.deliver)
         self._call = StateMachine("call", CallState.IDLE, CALL_TRANSITIONS)
         self.classifier = FrameClassifier(config.vad)
         self.detector = TurnDetector.for_session(config)
         self.echo = EchoGate(config.echo)
-        output_format = output_format or OutputFormat()
+        output_format = door.output
         self.playout = Playout(output_format)
         self._reference = OutputReference(output_format, self.echo)
         self._input = InputFrames()
@@ -111,6 +112,9 @@ class VoiceSession:
 
     def now(self) -> float:
         return self._clock()
+
+    def clear_audio(self, why: AudioClear) -> None:
+        self.door.clear_audio(why)
 
     def interrupted_by(self, verdict: OverlapVerdict, response: Response) -> None:
         """The overlap was an interruption: stop the reply (if it still lives); the caller's turn
@@ -419,6 +423,7 @@ class VoiceSession:
         heard_ms = heard if audio_began else 0
         text = response.voiced.heard(heard_ms)
         if audio_began:
+            self.door.clear_audio(AudioClear.CUT)  # before the events: the door ends its audio item first
             self.tell.audio_cut(response, heard, text)
         # ``audio_ms`` (all of its audio) is known only if the runtime had finished it
         self._heard = Heard(request_id=response.turn.request_id, audio_end_ms=heard_ms, text=text,

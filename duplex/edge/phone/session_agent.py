@@ -10,6 +10,7 @@ import numpy as np
 
 from duplex.audio import SESSION_RATE
 from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo, Reserve
+from duplex.session.door import AudioClear
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.playout import OutputFormat
 from duplex.session.realtime import events as ev
@@ -29,7 +30,8 @@ class SessionCallAgent:
         self._observer = observer
         self._barge_in_listener: Callable[[], None] | None = None
         self.digits: list[str] = []
-        self.session = sessions.open(info.transport, self._on_event, PHONE_OUTPUT, call_id=info.call_id)
+        self.transport, self.output = info.transport, PHONE_OUTPUT  # the session's door (session/door.py)
+        self.session = sessions.open(self, call_id=info.call_id)
 
     def caller_audio(self, pcm: np.ndarray, arrival: float) -> None:
         self.session.push_input(pcm, arrival)
@@ -46,11 +48,13 @@ class SessionCallAgent:
     async def close(self) -> None:
         await self._sessions.close(self.session)
 
-    def _on_event(self, event: ev.ServerEvent) -> None:
+    def clear_audio(self, why: AudioClear) -> None:
         # a reply paused while the session listens is silenced at the far end as a cut one is
         # (what the far end had queued is dropped; the reply resumes from the session's playout)
-        if isinstance(event, (ev.OutputAudioCleared, ev.ResponsePaused)) and self._barge_in_listener is not None:
+        if self._barge_in_listener is not None:
             self._barge_in_listener()
+
+    def deliver(self, event: ev.ServerEvent) -> None:
         if self._observer is not None:
             self._observer(self.info, event)
 

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse
 from duplex.edge.config import RealtimeLimits
 from duplex.edge.rate import RateLimited
 from duplex.edge.realtime_ws.audio import WS_OUTPUT, Format, InputDecoder, OutputEncoder, formats_of
+from duplex.session.door import AudioClear, SimpleDoor
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.pacing import FramePacer
 from duplex.session.playout import PulledFrame
@@ -79,7 +80,7 @@ class RealtimeConnection:
         config = apply_settings(self.sessions.config, self.settings) if self.settings else None
         await self.ws.accept(subprotocol=subprotocol)
         try:
-            self.session = self.sessions.open("websocket", self._send, WS_OUTPUT, config)
+            self.session = self.sessions.open(SimpleDoor("websocket", WS_OUTPUT, self._send, self._clear), config)
         except SessionsFull as exc:
             await self._refuse("server_busy", str(exc), 1013)
             return
@@ -201,9 +202,11 @@ class RealtimeConnection:
         elif isinstance(event, ev.ResponseDone | ev.AudioTranscriptDone) and self._audio_pending(event):
             self._held.append(event)
             return
-        elif isinstance(event, ev.OutputAudioCleared) and self._audio is not None:
-            self._audio_done()  # cut by a barge-in: what was sent is all there is
         self._queue.put_nowait(ev.encode_event(event))
+
+    def _clear(self, why: AudioClear) -> None:
+        if why is AudioClear.CUT and self._audio is not None:
+            self._audio_done()  # cut by a barge-in: what was sent is all there is
 
     def _describe_formats(self, described: dict) -> None:
         audio = described.get("audio", {})

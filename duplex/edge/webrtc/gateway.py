@@ -18,6 +18,7 @@ from duplex.edge.config import EdgeConfig
 from duplex.edge.webrtc.media import WEBRTC_OUTPUT, paced_pull
 from duplex.edge.webrtc.offer import OfferError, check_offer
 from duplex.edge.webrtc.rtc_peer import Peer, PeerListener, RtcPeer
+from duplex.session.door import SimpleDoor
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.observe import Refusal
 from duplex.session.protocol import apply_settings, describe_session, handle_client_message
@@ -143,7 +144,7 @@ class WebRTCGateway:
             self.sessions.refused("webrtc", Refusal.BAD_REQUEST)
             raise OfferError(str(exc)) from None
         call = Call(f"rtc_{secrets.token_hex(16)}", self)
-        session = self.sessions.open("webrtc", call.send, WEBRTC_OUTPUT, config, call_id=call.id)
+        session = self.sessions.open(SimpleDoor("webrtc", WEBRTC_OUTPUT, call.send), config, call_id=call.id)
         call.session = session
         self.calls[call.id] = call
         try:

@@ -25,6 +25,7 @@ import numpy as np
 from duplex.config import load_pipeline
 from duplex.config.session import SessionConfig
 from duplex.runtime.contract import SESSION_RATE
+from duplex.session.door import SimpleDoor
 from duplex.session.playout import OutputFormat
 from duplex.session.realtime import events as ev
 from duplex_tools.report import percentile, table
@@ -77,7 +78,7 @@ async def _one_turn(runtime, config: SessionConfig, mode: str, name: str, text: 
         if tap is not None:
             tap.event(event, None)
 
-    session = VoiceSession(name, runtime, config, send, output)
+    session = VoiceSession(name, runtime, config, SimpleDoor("bench", output, send))
     scraper = None
     if tap is not None:
         session.tap = tap
