@@ -423,7 +423,7 @@ class VoiceSession:
         heard_ms = heard if audio_began else 0
         text = response.voiced.heard(heard_ms)
         if audio_began:
-            self.door.clear_audio(AudioClear.CUT)  # before the events: the door ends its audio item first
+            self.clear_audio(AudioClear.CUT)  # before the events: the door ends its audio item first
             self.tell.audio_cut(response, heard, text)
         # ``audio_ms`` (all of its audio) is known only if the runtime had finished it
         self._heard = Heard(request_id=response.turn.request_id, audio_end_ms=heard_ms, text=text,
