@@ -41,12 +41,12 @@ _BOUNDS = ((annotated_types.Ge, ">="), (annotated_types.Gt, ">"), (annotated_typ
 def _sections() -> list[tuple[str, str, type[BaseModel]]]:
     """(heading, where it is set, model): imported here so that importing the hook costs nothing."""
     from duplex.config.pipeline import PipelineConfig
+    from duplex.config.session import SessionConfig
     from duplex.edge.config import EdgeConfig
     from duplex.edge.sip.config import SipConfig
     from duplex.edge.twilio.config import TwilioLimits
     from duplex.models.engine.stages import EngineThinkerArgs
     from duplex.server.watch import WatchConfig
-    from duplex.config.session import SessionConfig
 
     return [
         ("Pipeline", "the pipeline YAML file (`--config`), or `duplex serve --KEY VALUE`", PipelineConfig),

@@ -26,7 +26,7 @@ from import_cycles import ROOT, cycles, imports_of, module_files
 TOOLS = ["duplex_tools.cli", "duplex_tools.bench", "duplex_tools.scenario", "duplex_tools.qwen3_omni",
          "duplex_tools"]
 SESSION = ["duplex.session", "duplex.session.realtime", "duplex.session.core"]
-BOTTOM = ["duplex.runtime", "duplex.config", "duplex.audio"]
+BOTTOM = ["duplex.runtime", "duplex.config", "duplex.audio", "duplex.lifecycle"]
 DUPLEX_LABEL = {"duplex.edge": "edge (own modules)", "duplex.session": "session (the call)",
                 "duplex.session.core": "session core", "duplex.models": "models (registry)",
                 "duplex_tools": "tools (shared)"}
@@ -81,6 +81,7 @@ def design(config: configparser.ConfigParser, families: list[str]) -> dict[str, 
     chain.append("duplex.audio")  # below every room
     for upper, lower in zip(chain, chain[1:]):
         steps[upper].add(lower)
+    steps["duplex.config"].add("duplex.lifecycle")  # below every room too, beside the audio
     for layer in edge_layers(config):  # peers of a layer (the doors) all sit on the chain's step
         above = next(room for room, below in steps.items() if layer[0] in below)
         for room in layer:

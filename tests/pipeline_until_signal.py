@@ -5,9 +5,9 @@ import json
 import sys
 
 from duplex.config import load_pipeline
+from duplex.lifecycle import StopSignals
 from duplex.models.toy.stages import BUILDERS
 from duplex.runtime.coordinator import Coordinator
-from duplex.runtime.lifecycle import StopSignals
 
 
 async def main() -> None:

@@ -104,7 +104,7 @@ class Coordinator:
         for sock in [self._inbox, self._control, *self._pushes.values()]:
             if sock is not None:
                 sock.close(linger=0)
-        self._ctx.term()
+        self._ctx.destroy(linger=0)  # and any socket a late send opened: term() alone would wait for it
         self._outlet.close()
         self._reader.close()
         shm.sweep(shm.run_prefix(self.run_id))

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Mapping
 
 from duplex.config.pipeline import PipelineConfig
-from duplex.runtime.lifecycle import end_process
+from duplex.lifecycle import end_process
 from duplex.runtime.stage import COORDINATOR
 from duplex.runtime.stage_host import Builder, HostSpec, host_main
 

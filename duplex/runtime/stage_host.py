@@ -34,11 +34,11 @@ from typing import Any
 import zmq
 
 from duplex.config.pipeline import PipelineConfig, StageConfig
+from duplex.lifecycle import die_with_parent
 from duplex.runtime import messages as m
 from duplex.runtime.contract import AgentAudio, BuildContext, Builder, ErrorCode, Request, StageError
 from duplex.runtime.devices import budget_bytes, cuda_presence, device_memory, device_problem
 from duplex.runtime.ended import EndedRequests
-from duplex.runtime.lifecycle import die_with_parent
 from duplex.runtime.progress import ProgressBuffer
 from duplex.runtime.relay import Outlet, RelayReader, RelayWriter
 from duplex.runtime.scheduler import CLIENT, Emit, Scheduler, WorkItem

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
+import logging
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 
 import uvicorn
 
@@ -24,9 +26,9 @@ from duplex.edge.memory import MemoryKeeper
 from duplex.edge.webrtc.gateway import WebRTCGateway
 from duplex.edge.webrtc.media_pool import MediaWorkers
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates, use_vectorised_audio_level
+from duplex.lifecycle import StopSignals
 from duplex.models.registry import BUILDERS
 from duplex.runtime.coordinator import Coordinator
-from duplex.runtime.lifecycle import StopSignals
 from duplex.runtime.load import LoadMonitor
 from duplex.server import phone_edges
 from duplex.server.admission import LoadAdmission
@@ -34,6 +36,11 @@ from duplex.server.runtime_adapter import CoordinatorRuntime
 from duplex.server.turn_end import load_turn_end_model
 from duplex.server.watch import ServerWatch, WatchConfig
 from duplex.session.manager import SessionManager
+
+log = logging.getLogger("duplex.server")
+# uvicorn waits this long at a stop for open connections and their handlers, then cancels them
+HTTP_STOP_GRACE_S = 5
+STOP_REPORT_S = 20.0  # a stop not done by then prints every thread's stack
 
 
 class _HttpServer(uvicorn.Server):
@@ -82,7 +89,8 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
                                         http=guarded_protocol(edge.http),  # header deadline, cap at accept
                                         limit_concurrency=connection_cap(edge.http.max_connections),
                                         backlog=accept_backlog(connection_cap(edge.http.max_connections)),
-                                        timeout_keep_alive=max(1, round(edge.http.header_timeout_s))))
+                                        timeout_keep_alive=max(1, round(edge.http.header_timeout_s)),
+                                        timeout_graceful_shutdown=HTTP_STOP_GRACE_S))
     stop = StopSignals()  # before the ready line: a signal sent right after it must stop us cleanly
     stopper = asyncio.create_task(_exit_on_signal(stop, server, watch))
     try:
@@ -107,17 +115,27 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     finally:
         stopper.cancel()
         stop.close()
-        await phones.close()
-        await gateway.close_all()
+        await _stop_step("the phone doors", phones.close())
+        await _stop_step("the WebRTC calls", gateway.close_all())
         if media is not None:
-            await media.stop()
-        await load.stop()
-        await memory.stop()
+            await _stop_step("the media workers", media.stop(), 10.0 + 5.0 * edge.media_workers)
+        await _stop_step("the load monitor", load.stop())
+        await _stop_step("the memory keeper", memory.stop())
         if turn_end is not None:
             turn_end.close()
-        await coordinator.shutdown()
+        await _stop_step("the stages", coordinator.shutdown(), 20.0)
+        faulthandler.cancel_dump_traceback_later()
         print("duplex: stopped", flush=True)
     return 0
+
+
+async def _stop_step(what: str, step: Awaitable[None], limit_s: float = 10.0) -> None:
+    """One part of the stop, bounded: a part that hangs is named in the log and the stop goes
+    on (the stage and media processes die with the server in any case)."""
+    try:
+        await asyncio.wait_for(step, limit_s)
+    except TimeoutError:
+        log.error("stopping: %s did not stop within %g s; going on without them", what, limit_s)
 
 
 def _ws_max_size(edge: EdgeConfig) -> int:
@@ -136,5 +154,8 @@ async def _exit_on_signal(stop: StopSignals, server: uvicorn.Server, watch: Serv
         for task in (drained, interrupted):
             task.cancel()
         again.close()
+    # a stop that hangs where no timeout reaches (a call into C, a blocked thread) must show
+    # where: every thread's stack goes to stderr if the stop is not done by then
+    faulthandler.dump_traceback_later(STOP_REPORT_S, exit=False)
     server.should_exit = True
 

@@ -85,6 +85,9 @@ class ServerProcess:
             try:
                 self._proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                # pytest shows this with the failure: the server's own report of where it hung
+                print(f"duplex serve did not stop within {timeout:g} s; its last output:\n"
+                      + "".join(self.output[-150:]), file=sys.stderr, flush=True)
                 self._proc.kill()
                 self._proc.wait(10)
         return self._proc.returncode

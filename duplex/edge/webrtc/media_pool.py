@@ -27,7 +27,7 @@ from duplex.edge.webrtc.media import WEBRTC_OUTPUT
 from duplex.edge.webrtc.media_pipe import FramedPipe
 from duplex.edge.webrtc.media_worker import worker_main
 from duplex.edge.webrtc.rtc_peer import PeerListener
-from duplex.runtime.lifecycle import end_process
+from duplex.lifecycle import end_process
 from duplex.session.manager import SessionsFull
 from duplex.session.observe import Refusal
 from duplex.session.pacing import FramePacer

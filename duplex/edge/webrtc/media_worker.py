@@ -23,7 +23,7 @@ from duplex.edge.webrtc import media_messages as mm
 from duplex.edge.webrtc.media_pipe import FramedPipe
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates, use_vectorised_audio_level
 from duplex.edge.webrtc.rtc_peer import RtcPeer
-from duplex.runtime.lifecycle import die_with_parent
+from duplex.lifecycle import die_with_parent
 
 log = logging.getLogger("duplex.edge.media")
 CODEC_THREADS = 4  # the encoder threads of a worker (aiortc's Opus encoding); its calls share them

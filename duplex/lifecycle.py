@@ -1,4 +1,6 @@
-"""Run until Ctrl-C or SIGTERM, then stop everything: children, shared memory, sockets."""
+"""A process's life: run until Ctrl-C or SIGTERM, children that die with their parent, and ending a
+child in steps. Below every layer (it imports nothing of duplex): the runtime's stage processes and
+the edge's media workers are both such children, and the server owns the signals."""
 
 from __future__ import annotations
 
