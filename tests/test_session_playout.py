@@ -78,3 +78,19 @@ async def test_pacer_reanchors_after_a_stall_instead_of_bursting():
     burst = [await pacer.wait_next() for _ in range(3)]
     assert pacer.reanchors == 1 and resumed == stalled  # a fresh grid from the stall's end
     assert np.allclose(np.array(burst) - resumed, [0.02, 0.04, 0.06])  # paced again, not sent at once
+
+
+async def test_run_ticks_once_per_frame_at_its_due_time_until_the_tick_says_stop():
+    clock = SlowClock(late_s=0.003)
+    pacer = FramePacer(0.02, clock=clock, sleep=clock.sleep)
+    ticks: list[tuple[float, float]] = []  # (due, the clock when the tick ran)
+
+    async def tick(due: float) -> bool:
+        ticks.append((due, clock.now))
+        return len(ticks) == 10
+
+    await pacer.run(tick)
+    dues = np.array([due for due, _ in ticks])
+    assert len(ticks) == 10  # it stopped at the tick that said so, not before, not after
+    assert np.allclose(np.diff(dues), 0.02, atol=1e-9)
+    assert all(now >= due for due, now in ticks)  # never early

@@ -5,7 +5,7 @@ A door opens a session with ``SessionManager.open(door, ...)``, the one opener f
 What the door gives the session is the ``Door`` below: its name, the audio format it plays, where
 the session's events go, and how to drop agent audio already queued at the far end. What the
 door then drives is the session itself: ``push_input`` (caller audio with capture times),
-``pull_output`` once per frame (the agent's audio, paced by ``pacing.FramePacer``), client events
+``pull_output`` once per frame (the agent's audio, paced by ``pacing.FramePacer.run``), client events
 through ``protocol.handle_client_message`` where the door has an event channel, and
 ``SessionManager.close`` at hang-up.
 

@@ -1,10 +1,16 @@
-"""A frame clock on the monotonic clock: one deadline every ``frame_s``, never drifting."""
+"""A frame clock on the monotonic clock: one deadline every ``frame_s``, never drifting.
+
+Every door's agent audio goes out through it: ``FramePacer.run`` is the output loop of the doors
+that push frames (the Realtime WebSocket, SIP, Twilio, the WebRTC media workers, a door of your
+own); a door whose library pulls frames (aiortc's ``recv``) asks ``wait_next`` for each one."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+
+Tick = Callable[[float], Awaitable[bool | None]]  # a frame's work at its due time; True ends the loop
 
 
 class FramePacer:
@@ -38,3 +44,9 @@ class FramePacer:
         self._count += 1
         self.frames += 1
         return due
+
+    async def run(self, tick: Tick) -> None:
+        """``tick(due)`` once per frame, each at its due time, until it returns True (or the
+        task is cancelled: a door stops its output by cancelling the task that runs this)."""
+        while not await tick(await self.wait_next()):
+            pass

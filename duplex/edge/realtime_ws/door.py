@@ -242,10 +242,10 @@ class RealtimeConnection:
 
     # -- audio out ------------------------------------------------------------------------------
     async def _play(self, session: VoiceSession) -> None:
-        pacer = FramePacer(WS_OUTPUT.frame_ms / 1000)
-        while True:
-            due = await pacer.wait_next()
+        async def tick(due: float) -> None:
             self._deliver(session, session.pull_frame(due))
+
+        await FramePacer(WS_OUTPUT.frame_ms / 1000).run(tick)
 
     def _deliver(self, session: VoiceSession, frame: PulledFrame) -> None:
         if frame.item_id is None:

@@ -190,21 +190,23 @@ class CallMedia:
             self._encoder.clear()
 
     async def _clock(self) -> None:
-        pacer = FramePacer(TICK_S)
-        while True:
-            due = await pacer.wait_next()
-            try:
-                self._play_caller_audio()
-                self._send_agent_audio(due)
-            except Exception as exc:  # the call can neither hear nor speak any more: it must end
-                log.exception("the call's conversation failed on its audio")
-                if self.on_failure is not None:
-                    self.on_failure(exc)
-                return
-            if self._timed_out():
-                if self.on_timeout is not None:
-                    self.on_timeout()
-                return
+        await FramePacer(TICK_S).run(self._tick)
+
+    async def _tick(self, due: float) -> bool:
+        """The caller's next 20 ms in, the agent's out; True when the call must end."""
+        try:
+            self._play_caller_audio()
+            self._send_agent_audio(due)
+        except Exception as exc:  # the call can neither hear nor speak any more: it must end
+            log.exception("the call's conversation failed on its audio")
+            if self.on_failure is not None:
+                self.on_failure(exc)
+            return True
+        if self._timed_out():
+            if self.on_timeout is not None:
+                self.on_timeout()
+            return True
+        return False
 
     def _play_caller_audio(self) -> None:
         assert self._agent is not None and self._decoder is not None

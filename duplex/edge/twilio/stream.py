@@ -73,6 +73,7 @@ class TwilioMediaStream:
         self._run_task: asyncio.Task | None = None
         self._failure: BaseException | None = None  # the agent's audio failed: the call must end
         self._speaking = False
+        self._pending = b""  # encoded agent audio short of a whole frame
         self._marks_sent = 0
         self._sends: set[asyncio.Task] = set()
 
@@ -192,24 +193,22 @@ class TwilioMediaStream:
         self.agent.caller_audio(self._decoder(payload), time.monotonic())
 
     async def _send_agent_audio(self) -> None:
-        pacer = FramePacer(0.02)
-        pending = b""
-        while True:
-            due = await pacer.wait_next()
-            assert self.agent is not None and self._encoder is not None
-            frame = self.agent.agent_audio(due)
-            if frame.any():
-                pending += g711.encode(self._encoder(frame, self.agent.output_rate), "PCMU")
-                self._speaking = True
-            elif self._speaking:
-                self._speaking = False
-                await self._send(tm.OutMark(streamSid=self.stream_sid,
-                                            mark=tm.MarkInfo(self._next_mark())))
-            while len(pending) >= PHONE_FRAME:
-                chunk, pending = pending[:PHONE_FRAME], pending[PHONE_FRAME:]
-                await self._send(tm.OutMedia(streamSid=self.stream_sid,
-                                             media=tm.OutboundPayload(tm.b64encode(chunk))))
-                self.counters["media_sent"] += 1
+        await FramePacer(PHONE_FRAME / PHONE_RATE).run(self._send_frame)
+
+    async def _send_frame(self, due: float) -> None:
+        assert self.agent is not None and self._encoder is not None
+        frame = self.agent.agent_audio(due)
+        if frame.any():
+            self._pending += g711.encode(self._encoder(frame, self.agent.output_rate), "PCMU")
+            self._speaking = True
+        elif self._speaking:
+            self._speaking = False
+            await self._send(tm.OutMark(streamSid=self.stream_sid, mark=tm.MarkInfo(self._next_mark())))
+        while len(self._pending) >= PHONE_FRAME:
+            chunk, self._pending = self._pending[:PHONE_FRAME], self._pending[PHONE_FRAME:]
+            await self._send(tm.OutMedia(streamSid=self.stream_sid,
+                                         media=tm.OutboundPayload(tm.b64encode(chunk))))
+            self.counters["media_sent"] += 1
 
     def _on_barge_in(self) -> None:
         self.counters["clears_sent"] += 1

@@ -215,8 +215,9 @@ class WorkerHandle:
         ``PING_FRAMES`` it pings the worker and watches the answers (``_watch``)."""
         pacer = FramePacer(WEBRTC_OUTPUT.frame_ms / 1000)
         late_checks = 0
-        while True:
-            due = await pacer.wait_next()
+
+        async def tick(due: float) -> bool:
+            nonlocal late_checks
             frames = [(peer.call, pcm) for peer in list(self.calls.values())
                       if peer.playing and (pcm := peer.next_frame(due)) is not None]
             if frames:
@@ -226,7 +227,10 @@ class WorkerHandle:
                 late_checks = late_checks + 1 if due - self.answered_at > stall_s else 0
                 if late_checks >= 2:  # twice in a row: this loop has read whatever had arrived
                     self._end_stalled(due - self.answered_at)
-                    return
+                    return True
+            return False
+
+        await pacer.run(tick)
 
     def _end_stalled(self, silent_s: float) -> None:
         """The worker stopped answering (stopped, stuck in a call into C, swapping): it is ended,
