@@ -19,6 +19,9 @@ closes. The reader copies the block into a tensor of its own and acks once that 
 thread waits for it, so the I/O thread never blocks on the GPU). Host payloads are unchanged.
 
 Inside one process no relay is used: stages pass object references (see ``stage_host``).
+
+One file: the writer and the reader are the two halves of one protocol (block layout, credits,
+acks); a change to one is a change to the other.
 """
 
 from __future__ import annotations

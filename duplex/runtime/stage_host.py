@@ -15,6 +15,9 @@ end, so an abort in the same section takes them back first.
 A scheduler that crashes sets its outbox's ``crash``; the I/O loop then leaves, closes its
 sockets and unlinks its shm segments, and the process exits with status 1 (the coordinator
 fails its requests and restarts it).
+
+One file: every method runs under the host's one lock and the thread discipline above; split,
+that discipline would be spread over files.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """One conversation: caller audio in -> VAD -> turns -> runtime; agent audio out; barge-in.
 
-The transport pushes the caller's audio (16 kHz mono int16) as it arrives and pulls one output
-frame every ``frame_ms``; everything else the session decides itself. It runs on one asyncio
-loop; nothing here blocks.
+Its door pushes the caller's audio as it arrives and pulls one output frame per ``frame_ms``;
+the session decides the rest, on one asyncio loop, never blocking.
 
 Two state machines (``states.py``) say where things stand: the call's (idle -> user_speaking ->
 responding -> agent_speaking -> idle) and each response's (listening -> [speculative ->]
@@ -17,8 +16,10 @@ resumes the paused reply where it stopped.
 Preemptive generation: a pause (``SessionConfig.pause_ms``) closes the turn's input and the
 answer starts, held; voice again aborts it and a fresh request (``supersedes`` the old) gets the
 whole turn; the silence completing, or the pause judged the end (``endpoint.py``), releases it.
-What the caller heard of an interrupted reply (audio, words: ``heard.py``) goes with the next
-request as ``TurnRequest.heard``.
+What the caller heard of a cut reply (``heard.py``) goes with the next request (``heard``).
+
+One file: the one place that orders what happens in a call (audio in, cues, runtime events,
+barge-in, audio out); what it orders lives beside it, and split, the order would be hidden.
 """
 
 from __future__ import annotations
