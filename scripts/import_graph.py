@@ -81,7 +81,9 @@ def design(config: configparser.ConfigParser, families: list[str]) -> dict[str, 
     chain.append("duplex.audio")  # below every room
     for upper, lower in zip(chain, chain[1:]):
         steps[upper].add(lower)
-    for layer in edge_layers(config):  # peers of a layer (the doors) all sit on the chain's step
+    # peers of a layer (the doors; the phone and plug-in seams) all sit on the chain's step; from the
+    # lowest layer up, so a door's peers also get the steps its layer's first room gets from peers below
+    for layer in reversed(edge_layers(config)):
         above = next(room for room, below in steps.items() if layer[0] in below)
         for room in layer:
             steps[above].add(room)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from duplex.edge.http.auth import Access
 from duplex.edge.http.health import add_health_routes
 from duplex.edge.http.protocol import accept_backlog, bound_server_logs, connection_cap, guarded_protocol
 from duplex.edge.memory import MemoryKeeper
+from duplex.edge.plugin import DoorContext, DoorError, DoorFactory, DoorPlugin, build_doors
 from duplex.edge.webrtc.gateway import WebRTCGateway
 from duplex.edge.webrtc.media_pool import MediaWorkers
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates, use_vectorised_audio_level
@@ -28,12 +30,13 @@ from duplex.models.registry import BUILDERS
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.lifecycle import StopSignals
 from duplex.runtime.load import LoadMonitor
-from duplex.server import phone_edges
 from duplex.server.admission import LoadAdmission
 from duplex.server.runtime_adapter import CoordinatorRuntime
 from duplex.server.turn_end import load_turn_end_model
 from duplex.server.watch import ServerWatch, WatchConfig
 from duplex.session.manager import SessionManager
+
+log = logging.getLogger("duplex.server")
 
 
 class _HttpServer(uvicorn.Server):
@@ -47,8 +50,10 @@ class _HttpServer(uvicorn.Server):
 
 
 async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: SessionConfig,
-                log_level: str = "warning", phone: phone_edges.PhoneConfig | None = None,
+                log_level: str = "warning", doors: list[DoorFactory] | None = None,
                 watch_config: WatchConfig | None = None) -> int:
+    """``doors``: the plug-ins served beside WebRTC and the Realtime WebSocket (the phones' and
+    ``--door``'s, ``edge/plugin.py``), in the order they start."""
     coordinator = Coordinator(pipeline, BUILDERS)
     print(f"duplex: starting {len(pipeline.stages)} stages of {pipeline.name} ...", flush=True)
     await coordinator.start()
@@ -62,19 +67,27 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     turn_end = load_turn_end_model(eager=session_config.semantic_turns)  # for semantic_vad sessions
     sessions = SessionManager(runtime, session_config, edge.max_sessions, model=pipeline.name, admission=admission,
                               turn_end=turn_end)
+    try:
+        plugins = build_doors(doors or [], DoorContext.of(sessions, edge))
+    except DoorError as exc:  # before anything listens: stop what started and say why
+        print(f"error: {exc}", file=sys.stderr)
+        await load.stop()
+        if turn_end is not None:
+            turn_end.close()
+        await coordinator.shutdown()
+        return 2
     access = Access(edge.access)
     watch = ServerWatch(watch_config or WatchConfig(), coordinator, sessions, log_level,
                         auth_counters=lambda: access.counters)
     if watch.observes:
         sessions.observer = watch
     gateway = WebRTCGateway(sessions, edge, media.make_peer if media else None)
-    phones = phone_edges.PhoneEdges(phone or phone_edges.PhoneConfig(), sessions)
     use_loopback_candidates(edge.ice_loopback)
     use_vectorised_audio_level()
     memory = MemoryKeeper(ended=lambda: sessions.counters["closed"], live=sessions.live)  # ended calls' garbage
-    others = {**phones.stats_providers(), "memory": memory.stats_view, **({"media": media.stats} if media else {})}
+    others = {"memory": memory.stats_view, **({"media": media.stats} if media else {})}
     app = create_app(runtime, sessions, gateway, other_edges=others,
-                     access=access, limits=edge.realtime)
+                     access=access, limits=edge.realtime, doors=plugins)
     add_health_routes(app, watch)  # /metrics behind the API key (AccessMiddleware); health probes open
     bound_server_logs(edge.http.error_log_per_minute)  # EMFILE on accept, invalid requests: rate-bounded
     server = _HttpServer(uvicorn.Config(app, host=edge.host, port=edge.port, log_level=log_level,
@@ -86,7 +99,8 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     stop = StopSignals()  # before the ready line: a signal sent right after it must stop us cleanly
     stopper = asyncio.create_task(_exit_on_signal(stop, server, watch))
     try:
-        await phones.start(app)
+        for door in plugins:
+            await door.start()
         if media is not None:
             print(f"duplex: starting {edge.media_workers} media workers ...", flush=True)
             await media.start()
@@ -101,13 +115,14 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     except SystemExit as exc:  # uvicorn exits this way when it cannot bind
         print(f"error: the HTTP server could not start on {edge.host}:{edge.port}", file=sys.stderr)
         return int(exc.code or 1)
-    except OSError as exc:  # the SIP socket could not bind
+    except OSError as exc:  # a door's own socket (SIP's) could not bind
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
         stopper.cancel()
         stop.close()
-        await phones.close()
+        for door in reversed(plugins):
+            await _close_door(door)
         await gateway.close_all()
         if media is not None:
             await media.stop()
@@ -118,6 +133,14 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
         await coordinator.shutdown()
         print("duplex: stopped", flush=True)
     return 0
+
+
+async def _close_door(door: DoorPlugin) -> None:
+    """One door failing to close must not keep the others and the stages running."""
+    try:
+        await door.close()
+    except Exception:
+        log.exception("door %s failed to close", door.name)
 
 
 def _ws_max_size(edge: EdgeConfig) -> int:
