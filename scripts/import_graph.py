@@ -146,7 +146,7 @@ def draw(path: Path, graph: dict[str, set[str]], wrong: set, found: list[list[st
     rows += [[room] for room in SESSION] + [[room] for room in BOTTOM]
     rows[rows.index(["duplex.edge.http"])].append("duplex.models")
     rows.remove(["duplex.models"])
-    rows[rows.index(["duplex.edge.phone"])] += families
+    rows[next(i for i, row in enumerate(rows) if "duplex.edge.phone" in row)] += families
     place: dict[str, tuple[float, float]] = {}
     for y, row in enumerate(rows):
         main = [room for room in row if not room.startswith("duplex.models")]

@@ -23,7 +23,8 @@ from duplex.server.watch import WatchConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("serve", help="run the voice agent server (WebRTC edge + stage processes)")
+    parser = sub.add_parser("serve", help="run the voice agent server (stage processes; WebRTC, WebSocket, phone "
+                                          "and --door plug-in doors)")
     parser.add_argument("--config", default=None,
                         help="pipeline YAML, or a bundled config: local (default), engine (the default with --llm), "
                              "toy-voice, omni-tiny, toy")
