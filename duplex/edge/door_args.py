@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plugins = parser.add_argument_group("doors of your own (docs/architecture/extending.md)")
     plugins.add_argument("--door", action="append", default=[], metavar="MODULE:FACTORY",
                          help="serve a door plug-in too: FACTORY in the importable MODULE takes a DoorContext "
-                              "(the sessions, the call limits) and returns a door (duplex/edge/plugin.py: name, "
+                              "(the sessions, the call limits) and returns a door (duplex/edge/plugin: name, "
                               "router(), start(), close(), stats() shown under edges.NAME in /duplex/stats); "
                               "repeatable; checked before the server starts")
 

@@ -53,7 +53,7 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
                 log_level: str = "warning", doors: list[DoorFactory] | None = None,
                 watch_config: WatchConfig | None = None) -> int:
     """``doors``: the plug-ins served beside WebRTC and the Realtime WebSocket (the phones' and
-    ``--door``'s, ``edge/plugin.py``), in the order they start."""
+    ``--door``'s, ``edge/plugin``), in the order they start."""
     coordinator = Coordinator(pipeline, BUILDERS)
     print(f"duplex: starting {len(pipeline.stages)} stages of {pipeline.name} ...", flush=True)
     await coordinator.start()

@@ -1,5 +1,5 @@
 """The phone edges of ``duplex serve``: its command-line options, and the SIP server and the
-Twilio Media Streams endpoint they ask for, as door plug-ins (``edge/plugin.py``) on the server's
+Twilio Media Streams endpoint they ask for, as door plug-ins (``edge/plugin``) on the server's
 sessions."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _credential(value: str) -> tuple[str, str]:
 
 
 def door_factories(config: PhoneConfig) -> list[DoorFactory]:
-    """The phone doors the options ask for, as plug-ins (``edge/plugin.py``) like any other door."""
+    """The phone doors the options ask for, as plug-ins (``edge/plugin``) like any other door."""
     factories: list[DoorFactory] = []
     if config.sip is not None:
         factories.append(sip_door(config.sip))

@@ -50,7 +50,7 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
                access: Access | None = None, limits: RealtimeLimits | None = None,
                doors: Sequence[DoorPlugin] = ()) -> FastAPI:
     """``other_edges``: stats providers of further parts (the edge process's memory, the media
-    workers), shown in /duplex/stats; ``doors``: plug-ins (``edge/plugin.py``: SIP, Twilio, your
+    workers), shown in /duplex/stats; ``doors``: plug-ins (``edge/plugin``: SIP, Twilio, your
     own) whose routes are mounted behind the same guard and key and whose stats are shown too.
     ``access``: who may use it (``auth.py``; open by default); ``limits``: of WebSocket sessions."""
     app = FastAPI(title="duplex", docs_url=None, redoc_url=None)

@@ -1,4 +1,4 @@
-"""The SIP door as a plug-in (``edge/plugin.py``): a UDP socket of its own beside the app (no
+"""The SIP door as a plug-in (``edge/plugin``): a UDP socket of its own beside the app (no
 routes), its calls on the server's sessions through the phone seam."""
 
 from __future__ import annotations

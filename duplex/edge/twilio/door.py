@@ -1,4 +1,4 @@
-"""The Twilio Media Streams door as a plug-in (``edge/plugin.py``): its WebSocket and TwiML
+"""The Twilio Media Streams door as a plug-in (``edge/plugin``): its WebSocket and TwiML
 routes on the server's app, its calls on the server's sessions through the phone seam."""
 
 from __future__ import annotations
