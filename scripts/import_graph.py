@@ -82,7 +82,9 @@ def design(config: configparser.ConfigParser, families: list[str]) -> dict[str, 
     for upper, lower in zip(chain, chain[1:]):
         steps[upper].add(lower)
     steps["duplex.config"].add("duplex.lifecycle")  # below every room too, beside the audio
-    for layer in edge_layers(config):  # peers of a layer (the doors) all sit on the chain's step
+    # peers of a layer (the doors; the phone and plug-in seams) all sit on the chain's step; from the
+    # lowest layer up, so a door's peers also get the steps its layer's first room gets from peers below
+    for layer in reversed(edge_layers(config)):
         above = next(room for room, below in steps.items() if layer[0] in below)
         for room in layer:
             steps[above].add(room)
@@ -145,7 +147,7 @@ def draw(path: Path, graph: dict[str, set[str]], wrong: set, found: list[list[st
     rows += [[room] for room in SESSION] + [[room] for room in BOTTOM]
     rows[rows.index(["duplex.edge.http"])].append("duplex.models")
     rows.remove(["duplex.models"])
-    rows[rows.index(["duplex.edge.phone"])] += families
+    rows[next(i for i, row in enumerate(rows) if "duplex.edge.phone" in row)] += families
     place: dict[str, tuple[float, float]] = {}
     for y, row in enumerate(rows):
         main = [room for room in row if not room.startswith("duplex.models")]

@@ -75,6 +75,8 @@ class EdgeConfig(BaseModel):
     http: HttpLimits = Field(default_factory=HttpLimits)
     realtime: RealtimeLimits = Field(default_factory=RealtimeLimits)
     access: AccessConfig = Field(default_factory=AccessConfig)
+    # doors of your own beside the built-in ones, each MODULE:FACTORY (``edge/plugin``; --door)
+    doors: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_call_limit(self) -> EdgeConfig:

@@ -1,6 +1,6 @@
 """Command-line settings of the doors (issue 15): admission deadline, call length, rate limits
-on new calls, Host/Origin allow-lists and HTTP limits. ``duplex serve`` adds them; each maps to
-a field of ``EdgeConfig``, which checks them."""
+on new calls, Host/Origin allow-lists, HTTP limits, and door plug-ins (``--door``). ``duplex
+serve`` adds them; each maps to a field of ``EdgeConfig``, which checks them."""
 
 from __future__ import annotations
 
@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="open HTTP and WebSocket connections; more are closed with 503 at accept")
     group.add_argument("--max-connections-per-source", type=int, default=64,
                        help="open connections from one address; more are closed with 503 at accept")
+    plugins = parser.add_argument_group("doors of your own (docs/architecture/extending.md)")
+    plugins.add_argument("--door", action="append", default=[], metavar="MODULE:FACTORY",
+                         help="serve a door plug-in too: FACTORY in the importable MODULE takes a DoorContext "
+                              "(the sessions, the call limits) and returns a door (duplex/edge/plugin: name, "
+                              "router(), start(), close(), stats() shown under edges.NAME in /duplex/stats); "
+                              "repeatable; checked before the server starts")
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -41,6 +47,7 @@ def settings(args: argparse.Namespace) -> dict:
         "call_rate": {"per_source": args.call_rate, "source_burst": args.call_burst, "total": args.call_rate_total,
                       "total_burst": max(args.call_burst, round(args.call_rate_total / 10))},
         "limit_loopback": args.limit_loopback,
+        "doors": args.door,
         "allowed_hosts": args.allowed_host, "allowed_origins": args.allowed_origin,
         "http": {"header_timeout_s": args.http_timeout_s, "body_timeout_s": args.http_timeout_s,
                  "max_connections": args.max_connections,

@@ -23,6 +23,7 @@ from duplex.edge.http.auth import Access
 from duplex.edge.http.health import add_health_routes
 from duplex.edge.http.protocol import accept_backlog, bound_server_logs, connection_cap, guarded_protocol
 from duplex.edge.memory import MemoryKeeper
+from duplex.edge.plugin import DoorContext, DoorError, DoorFactory, DoorPlugin, build_doors
 from duplex.edge.webrtc.gateway import WebRTCGateway
 from duplex.edge.webrtc.media_pool import MediaWorkers
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates, use_vectorised_audio_level
@@ -30,7 +31,6 @@ from duplex.lifecycle import StopSignals
 from duplex.models.registry import BUILDERS
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.load import LoadMonitor
-from duplex.server import phone_edges
 from duplex.server.admission import LoadAdmission
 from duplex.server.runtime_adapter import CoordinatorRuntime
 from duplex.server.turn_end import load_turn_end_model
@@ -54,8 +54,10 @@ class _HttpServer(uvicorn.Server):
 
 
 async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: SessionConfig,
-                log_level: str = "warning", phone: phone_edges.PhoneConfig | None = None,
+                log_level: str = "warning", doors: list[DoorFactory] | None = None,
                 watch_config: WatchConfig | None = None) -> int:
+    """``doors``: the plug-ins served beside WebRTC and the Realtime WebSocket (the phones' and
+    ``--door``'s, ``edge/plugin``), in the order they start."""
     coordinator = Coordinator(pipeline, BUILDERS)
     print(f"duplex: starting {len(pipeline.stages)} stages of {pipeline.name} ...", flush=True)
     await coordinator.start()
@@ -69,19 +71,27 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     turn_end = load_turn_end_model(eager=session_config.semantic_turns)  # for semantic_vad sessions
     sessions = SessionManager(runtime, session_config, edge.max_sessions, model=pipeline.name, admission=admission,
                               turn_end=turn_end)
+    try:
+        plugins = build_doors(doors or [], DoorContext.of(sessions, edge))
+    except DoorError as exc:  # before anything listens: stop what started and say why
+        print(f"error: {exc}", file=sys.stderr)
+        await load.stop()
+        if turn_end is not None:
+            turn_end.close()
+        await coordinator.shutdown()
+        return 2
     access = Access(edge.access)
     watch = ServerWatch(watch_config or WatchConfig(), coordinator, sessions, log_level,
                         auth_counters=lambda: access.counters)
     if watch.observes:
         sessions.observer = watch
     gateway = WebRTCGateway(sessions, edge, media.make_peer if media else None)
-    phones = phone_edges.PhoneEdges(phone or phone_edges.PhoneConfig(), sessions)
     use_loopback_candidates(edge.ice_loopback)
     use_vectorised_audio_level()
     memory = MemoryKeeper(ended=lambda: sessions.counters["closed"], live=sessions.live)  # ended calls' garbage
-    others = {**phones.stats_providers(), "memory": memory.stats_view, **({"media": media.stats} if media else {})}
+    others = {"memory": memory.stats_view, **({"media": media.stats} if media else {})}
     app = create_app(runtime, sessions, gateway, other_edges=others,
-                     access=access, limits=edge.realtime)
+                     access=access, limits=edge.realtime, doors=plugins)
     add_health_routes(app, watch)  # /metrics behind the API key (AccessMiddleware); health probes open
     bound_server_logs(edge.http.error_log_per_minute)  # EMFILE on accept, invalid requests: rate-bounded
     server = _HttpServer(uvicorn.Config(app, host=edge.host, port=edge.port, log_level=log_level,
@@ -94,7 +104,8 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     stop = StopSignals()  # before the ready line: a signal sent right after it must stop us cleanly
     stopper = asyncio.create_task(_exit_on_signal(stop, server, watch))
     try:
-        await phones.start(app)
+        for door in plugins:
+            await door.start()
         if media is not None:
             print(f"duplex: starting {edge.media_workers} media workers ...", flush=True)
             await media.start()
@@ -109,13 +120,14 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     except SystemExit as exc:  # uvicorn exits this way when it cannot bind
         print(f"error: the HTTP server could not start on {edge.host}:{edge.port}", file=sys.stderr)
         return int(exc.code or 1)
-    except OSError as exc:  # the SIP socket could not bind
+    except OSError as exc:  # a door's own socket (SIP's) could not bind
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
         stopper.cancel()
         stop.close()
-        await _stop_step("the phone doors", phones.close())
+        for door in reversed(plugins):
+            await _stop_step(f"the {door.name} door", _close_door(door))
         await _stop_step("the WebRTC calls", gateway.close_all())
         if media is not None:
             await _stop_step("the media workers", media.stop(), 10.0 + 5.0 * edge.media_workers)
@@ -136,6 +148,14 @@ async def _stop_step(what: str, step: Awaitable[None], limit_s: float = 10.0) ->
         await asyncio.wait_for(step, limit_s)
     except TimeoutError:
         log.error("stopping: %s did not stop within %g s; going on without them", what, limit_s)
+
+
+async def _close_door(door: DoorPlugin) -> None:
+    """One door failing to close must not keep the others and the stages running."""
+    try:
+        await door.close()
+    except Exception:
+        log.exception("door %s failed to close", door.name)
 
 
 def _ws_max_size(edge: EdgeConfig) -> int:

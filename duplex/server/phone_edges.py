@@ -1,24 +1,19 @@
-"""The phone edges of ``duplex serve``: its command-line options, and starting/stopping the SIP
-server and the Twilio Media Streams endpoint beside the WebRTC edge, on the same sessions."""
+"""The phone edges of ``duplex serve``: its command-line options, and the SIP server and the
+Twilio Media Streams endpoint they ask for, as door plug-ins (``edge/plugin``) on the server's
+sessions."""
 
 from __future__ import annotations
 
 import argparse
-import logging
-from collections.abc import Callable
 
-from fastapi import FastAPI
 from pydantic import BaseModel
 
-from duplex.edge.phone.session_agent import session_agents, session_reserve
+from duplex.edge.plugin import DoorFactory
 from duplex.edge.rate import RateConfig
 from duplex.edge.sip.config import SipConfig
-from duplex.edge.sip.uas import SipServer
+from duplex.edge.sip.door import sip_door
 from duplex.edge.twilio.config import TwilioLimits
-from duplex.edge.twilio.stream import TwilioEndpoint
-from duplex.session.manager import SessionManager
-
-log = logging.getLogger(__name__)
+from duplex.edge.twilio.door import twilio_door
 
 
 class PhoneConfig(BaseModel):
@@ -93,33 +88,11 @@ def _credential(value: str) -> tuple[str, str]:
     return user, password
 
 
-class PhoneEdges:
-    def __init__(self, config: PhoneConfig, sessions: SessionManager) -> None:
-        agents = session_agents(sessions)
-        self.sip = (SipServer(config.sip, agents, session_reserve(sessions))
-                    if config.sip is not None else None)
-        self.twilio = TwilioEndpoint(agents, config.twilio_limits) if config.twilio else None
-
-    @property
-    def needs_websockets(self) -> bool:
-        return self.twilio is not None
-
-    async def start(self, app: FastAPI) -> None:
-        if self.twilio is not None:
-            app.include_router(self.twilio.router())
-        if self.sip is not None:
-            await self.sip.start()
-            host, port = self.sip.address
-            print(f"duplex: SIP on udp {host}:{port}", flush=True)
-
-    def stats_providers(self) -> dict[str, Callable[[], dict]]:
-        providers: dict[str, Callable[[], dict]] = {}
-        if self.sip is not None:
-            providers["sip"] = self.sip.stats
-        if self.twilio is not None:
-            providers["twilio"] = self.twilio.stats
-        return providers
-
-    async def close(self) -> None:
-        if self.sip is not None:
-            await self.sip.stop()
+def door_factories(config: PhoneConfig) -> list[DoorFactory]:
+    """The phone doors the options ask for, as plug-ins (``edge/plugin``) like any other door."""
+    factories: list[DoorFactory] = []
+    if config.sip is not None:
+        factories.append(sip_door(config.sip))
+    if config.twilio:
+        factories.append(twilio_door(config.twilio_limits))
+    return factories

@@ -1,5 +1,5 @@
 """``duplex serve``: read the command line and the pipeline config, then run the server
-(``compose.serve``): the stage processes and the HTTP/WebRTC/phone edges, stopped cleanly on
+(``compose.serve``): the stage processes and the HTTP/WebRTC/phone edges and door plug-ins, stopped cleanly on
 Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from duplex.config import ConfigError, load_pipeline
 from duplex.config.session import SessionConfig
 from duplex.edge import door_args
 from duplex.edge.config import EdgeConfig
+from duplex.edge.plugin import load_factory
 from duplex.server import phone_edges
 from duplex.server.watch import WatchConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("serve", help="run the voice agent server (WebRTC edge + stage processes)")
+    parser = sub.add_parser("serve", help="run the voice agent server (stage processes; WebRTC, WebSocket, phone "
+                                          "and --door plug-in doors)")
     parser.add_argument("--config", default=None,
                         help="pipeline YAML, or a bundled config: local (default), engine (the default with --llm), "
                              "toy-voice, omni-tiny, toy")
@@ -67,17 +69,19 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
                           media_workers=args.media_workers, media_stall_s=args.media_stall_s,
                           low_latency_receive=not args.aiortc_jitter_buffer, **access_settings(args),
                           **door_args.settings(args))
+        plugins = [load_factory(spec) for spec in edge.doors]  # a bad --door stops here, before the stages start
         sessions_config = session_defaults(pipeline.session, args.instructions)
         phone = phone_edges.config_from_args(args)
         watch = WatchConfig(metrics=not args.no_metrics, call_log=args.call_log, record_dir=args.record,
                             record_max_mb=args.record_max_mb, record_max_age_h=args.record_max_age_h,
                             drain_timeout_s=args.drain_timeout_s)
-    except (ConfigError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+    except (ConfigError, ValueError) as exc:  # pydantic's ValidationError, DoorError: ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from duplex.server.compose import serve  # the models and the runtime: only when serving
 
-    return asyncio.run(serve(pipeline, edge, sessions_config, args.log_level, phone, watch))
+    doors = [*phone_edges.door_factories(phone), *plugins]  # the one list of doors beside WebRTC and WebSocket
+    return asyncio.run(serve(pipeline, edge, sessions_config, args.log_level, doors, watch))
 
 
 def engine_overrides(config: str | None, llm: str | None, model: str | None,

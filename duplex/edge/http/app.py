@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.resources import files
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from duplex.edge.http.auth import DEMO_SECRET_PATH, OPEN, SECRETS_PATH, Access, 
 from duplex.edge.http.guard import DoorGuard
 from duplex.edge.http.signalling import SignallingError, read_call_request
 from duplex.edge.http.stats_view import detail_allowed, is_loopback, redact
+from duplex.edge.plugin import DoorPlugin
 from duplex.edge.rate import CallRate, RateLimited
 from duplex.edge.realtime_ws.door import REALTIME_PATH, RealtimeDoor, refuse_rate_limited
 from duplex.edge.webrtc.gateway import WebRTCGateway, split_path_id
@@ -46,9 +47,11 @@ def _credential(request: Request | WebSocket) -> Credential:
 
 def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCGateway,
                other_edges: dict[str, Callable[[], dict]] | None = None, web_dir: Path = WEB_DIR,
-               access: Access | None = None, limits: RealtimeLimits | None = None) -> FastAPI:
-    """``other_edges``: stats providers of further parts (SIP, Twilio, the edge process's memory),
-    shown in /duplex/stats.
+               access: Access | None = None, limits: RealtimeLimits | None = None,
+               doors: Sequence[DoorPlugin] = ()) -> FastAPI:
+    """``other_edges``: stats providers of further parts (the edge process's memory, the media
+    workers), shown in /duplex/stats; ``doors``: plug-ins (``edge/plugin``: SIP, Twilio, your
+    own) whose routes are mounted behind the same guard and key and whose stats are shown too.
     ``access``: who may use it (``auth.py``; open by default); ``limits``: of WebSocket sessions."""
     app = FastAPI(title="duplex", docs_url=None, redoc_url=None)
     access = access or Access(AccessConfig())
@@ -64,6 +67,10 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
         "webrtc": lambda: gateway.stats() | {"rate": rates["webrtc"].stats()},
         "websocket": lambda: door.stats() | {"rate": rates["websocket"].stats()},
         "http": lambda: http_protocol.COUNTERS | guard.REFUSED, "access": access.stats, **(other_edges or {})}
+    for plugin in doors:
+        if plugin.name in edges:
+            raise ValueError(f"door {plugin.name!r}: /duplex/stats already shows an edge of that name")
+        edges[plugin.name] = plugin.stats
 
     sockets: set[str] = set()  # live WebSocket sessions, as the access records name them
 
@@ -185,6 +192,10 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
                                 request.client.host if request.client else None)
         return JSONResponse(view if detail else redact(view))
 
+    for plugin in doors:  # after the built-in routes, which a door's path cannot shadow
+        router = plugin.router()
+        if router is not None:  # the middleware above wraps the whole app: these routes too
+            app.include_router(router)
     return app
 
 
