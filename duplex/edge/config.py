@@ -66,6 +66,9 @@ class EdgeConfig(BaseModel):
     max_event_bytes: int = Field(64 * 1024, ge=1024, le=256 * 1024)  # a data-channel message (SDP + checked)
     call_rate: RateConfig = Field(default_factory=RateConfig)  # new calls per source / in all, per door
     limit_loopback: bool = False  # rate-limit loopback sources too (off: the host's own tools, a local proxy)
+    # reverse proxies (addresses or CIDRs) whose X-Forwarded-For names the caller; empty: the header
+    # is ignored and the caller is the peer address, whoever sends it
+    trusted_proxies: list[str] = Field(default_factory=list)
     # Host names the server answers to; empty: IP literals, localhost names and the bound host (so a
     # DNS-rebound name is refused). "*" allows any.
     allowed_hosts: list[str] = Field(default_factory=list)

@@ -15,7 +15,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="any WebRTC or WebSocket call ends then with an error event (default 3600, "
                             "or --ws-max-session-s)")
     group.add_argument("--call-rate", type=float, default=30.0, help="new calls a minute from one address, per door")
-    group.add_argument("--call-burst", type=int, default=10, help="... of which this many at once")
+    group.add_argument("--call-burst", type=int, default=None,
+                       help="... of which this many at once (default 10, and never more than --max-sessions)")
+    group.add_argument("--pending-share", type=float, default=None,
+                       help="calls one address may hold before they connect, as a share of the sessions "
+                            "(default 0.25, at least one call; loopback exempt unless --limit-loopback)")
+    group.add_argument("--trusted-proxy", action="append", default=[], metavar="CIDR",
+                       help="a reverse proxy whose X-Forwarded-For names the caller (repeatable); from "
+                            "any other peer the header is ignored")
     group.add_argument("--call-rate-total", type=float, default=600.0, help="new calls a minute in all, per door")
     group.add_argument("--limit-loopback", action="store_true",
                        help="rate-limit new calls from 127.0.0.0/8 and ::1 too (off: the host's own clients "
@@ -44,8 +51,8 @@ def settings(args: argparse.Namespace) -> dict:
     """EdgeConfig fields from the command line."""
     fields: dict = {
         "connect_timeout_s": args.connect_timeout_s,
-        "call_rate": {"per_source": args.call_rate, "source_burst": args.call_burst, "total": args.call_rate_total,
-                      "total_burst": max(args.call_burst, round(args.call_rate_total / 10))},
+        "call_rate": call_rate_fields(args),
+        "trusted_proxies": args.trusted_proxy,
         "limit_loopback": args.limit_loopback,
         "doors": args.door,
         "allowed_hosts": args.allowed_host, "allowed_origins": args.allowed_origin,
@@ -55,4 +62,16 @@ def settings(args: argparse.Namespace) -> dict:
     }
     if args.max_call_s is not None:
         fields["max_call_s"] = args.max_call_s
+    return fields
+
+
+def call_rate_fields(args: argparse.Namespace) -> dict:
+    """RateConfig fields: only what was given, so a default burst can follow the session count."""
+    burst = args.call_burst if args.call_burst is not None else 10
+    fields: dict = {"per_source": args.call_rate, "total": args.call_rate_total,
+                    "total_burst": max(burst, round(args.call_rate_total / 10))}
+    if args.call_burst is not None:
+        fields["source_burst"] = args.call_burst
+    if args.pending_share is not None:
+        fields["pending_share"] = args.pending_share
     return fields

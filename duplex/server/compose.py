@@ -100,7 +100,10 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
                                         limit_concurrency=connection_cap(edge.http.max_connections),
                                         backlog=accept_backlog(connection_cap(edge.http.max_connections)),
                                         timeout_keep_alive=max(1, round(edge.http.header_timeout_s)),
-                                        timeout_graceful_shutdown=HTTP_STOP_GRACE_S))
+                                        timeout_graceful_shutdown=HTTP_STOP_GRACE_S,
+                                        # the caller's address from X-Forwarded-For only via a trusted proxy
+                                        proxy_headers=bool(edge.trusted_proxies),
+                                        forwarded_allow_ips=edge.trusted_proxies or None))
     stop = StopSignals()  # before the ready line: a signal sent right after it must stop us cleanly
     stopper = asyncio.create_task(_exit_on_signal(stop, server, watch))
     try:

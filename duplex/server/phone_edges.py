@@ -8,6 +8,7 @@ import argparse
 
 from pydantic import BaseModel
 
+from duplex.edge.door_args import call_rate_fields
 from duplex.edge.plugin import DoorFactory
 from duplex.edge.rate import RateConfig
 from duplex.edge.sip.config import SipConfig
@@ -73,9 +74,7 @@ def _shared_limits(args: argparse.Namespace) -> dict:
     the command line has them: the phone doors use the same values."""
     fields: dict = {}
     if getattr(args, "call_rate", None) is not None:
-        fields["rate"] = RateConfig(per_source=args.call_rate, source_burst=args.call_burst,
-                                    total=args.call_rate_total,
-                                    total_burst=max(args.call_burst, round(args.call_rate_total / 10)))
+        fields["rate"] = RateConfig(**call_rate_fields(args))
     if getattr(args, "max_call_s", None) is not None:
         fields["max_call_s"] = args.max_call_s
     return fields

@@ -107,10 +107,10 @@ class RawPcmDoor:
                 session.push_input(np.frombuffer(data[:len(data) // 2 * 2], np.int16), time.monotonic())
 
     async def _play(self, session: VoiceSession, outbox: asyncio.Queue[bytes | str]) -> None:
-        pacer = FramePacer(OUTPUT.frame_ms / 1000)
-        while True:
-            due = await pacer.wait_next()
+        async def tick(due: float) -> None:
             outbox.put_nowait(session.pull_output(due).tobytes())
+
+        await FramePacer(OUTPUT.frame_ms / 1000).run(tick)
 
     async def _write(self, ws: WebSocket, outbox: asyncio.Queue[bytes | str]) -> None:
         while True:

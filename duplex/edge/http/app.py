@@ -21,9 +21,9 @@ from duplex.edge.http import protocol as http_protocol
 from duplex.edge.http.auth import DEMO_SECRET_PATH, OPEN, SECRETS_PATH, Access, AccessMiddleware, AuthError, Credential
 from duplex.edge.http.guard import DoorGuard
 from duplex.edge.http.signalling import SignallingError, read_call_request
-from duplex.edge.http.stats_view import detail_allowed, is_loopback, redact
+from duplex.edge.http.stats_view import detail_allowed, redact
 from duplex.edge.plugin import DoorPlugin
-from duplex.edge.rate import CallRate, RateLimited
+from duplex.edge.rate import DoorAdmission, RateLimited
 from duplex.edge.realtime_ws.door import REALTIME_PATH, RealtimeDoor, refuse_rate_limited
 from duplex.edge.webrtc.gateway import WebRTCGateway, split_path_id
 from duplex.edge.webrtc.offer import OfferError
@@ -58,14 +58,16 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
     edge = gateway.config
     door = RealtimeDoor(sessions, limits or edge.realtime)
     app.state.realtime = door
-    rates = {"webrtc": CallRate(edge.call_rate, "WebRTC"), "websocket": CallRate(edge.call_rate, "WebSocket")}
+    admissions = {door_name: DoorAdmission(edge.call_rate, label, edge.max_sessions, edge.connect_timeout_s,
+                                           edge.limit_loopback)
+                  for door_name, label in (("webrtc", "WebRTC"), ("websocket", "WebSocket"))}
     app.add_middleware(AccessMiddleware, access=access)
     app.add_middleware(CORSMiddleware, allow_origins=edge.allowed_origins, allow_methods=["GET", "POST", "DELETE"],
                        allow_headers=["Authorization", "Content-Type"], expose_headers=["Location"], max_age=600)
     app.add_middleware(DoorGuard, config=edge)  # outermost: Host, Origin, body; then CORS; then the key
     edges: dict[str, Callable[[], dict]] = {
-        "webrtc": lambda: gateway.stats() | {"rate": rates["webrtc"].stats()},
-        "websocket": lambda: door.stats() | {"rate": rates["websocket"].stats()},
+        "webrtc": lambda: gateway.stats() | {"rate": admissions["webrtc"].stats()},
+        "websocket": lambda: door.stats() | {"rate": admissions["websocket"].stats()},
         "http": lambda: http_protocol.COUNTERS | guard.REFUSED, "access": access.stats, **(other_edges or {})}
     for plugin in doors:
         if plugin.name in edges:
@@ -81,7 +83,7 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
     async def realtime(websocket: WebSocket) -> None:
         credential = _credential(websocket)
         try:
-            _check_rate(rates["websocket"], websocket, edge.limit_loopback)
+            pending = admissions["websocket"].admit(_source(websocket))
         except RateLimited as exc:
             access.release(credential)
             await refuse_rate_limited(websocket, exc)
@@ -90,8 +92,9 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
         sockets.add(connection_id)
         access.opened(connection_id, credential, live)
         try:
-            await door.serve(websocket, credential.settings)
+            await door.serve(websocket, credential.settings, pending)
         finally:
+            pending.release()
             sockets.discard(connection_id)
             access.forget(connection_id)
 
@@ -131,13 +134,21 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
     async def create_call(request: Request) -> Response:
         credential = _credential(request)
         try:
-            _check_rate(rates["webrtc"], request, edge.limit_loopback)
-            call = await read_call_request(request)
-            opened, answer = await gateway.answer(call.sdp, call.settings or credential.settings)
-            access.opened(opened.id, credential, live)
-        except (RateLimited, SignallingError, SessionsFull, OfferError) as exc:
+            pending = admissions["webrtc"].admit(_source(request))
+        except RateLimited as exc:
             access.release(credential)  # refused: a client secret is not spent on it
             return _refusal(exc)
+        try:
+            call = await read_call_request(request)
+            opened, answer = await gateway.answer(call.sdp, call.settings or credential.settings, pending)
+            access.opened(opened.id, credential, live)
+        except (SignallingError, SessionsFull, OfferError) as exc:
+            pending.release()
+            access.release(credential)
+            return _refusal(exc)
+        except BaseException:
+            pending.release()
+            raise
         return Response(answer, status_code=201, media_type="application/sdp",
                         headers={"Location": f"{CALLS_PATH}/{opened.path_id}"})
 
@@ -209,12 +220,10 @@ def _refusal(exc: RateLimited | SignallingError | SessionsFull | OfferError) -> 
     return _error(400, str(exc))
 
 
-def _check_rate(rate: CallRate, request: Request | WebSocket, limit_loopback: bool) -> None:
-    """Raises RateLimited; the host's own clients pass unless ``limit_loopback``."""
-    source = request.client.host if request.client else "unknown"
-    if not limit_loopback and is_loopback(source):
-        return
-    rate.check(source)
+def _source(request: Request | WebSocket) -> str:
+    """The caller's address: the peer's, or behind a trusted proxy (``--trusted-proxy``) the one
+    it forwarded (uvicorn's proxy headers have set it by now)."""
+    return request.client.host if request.client else "unknown"
 
 
 def _auth_error(exc: AuthError) -> Response:

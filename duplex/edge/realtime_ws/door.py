@@ -27,7 +27,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
 from duplex.edge.config import RealtimeLimits
-from duplex.edge.rate import RateLimited
+from duplex.edge.rate import UNCOUNTED, Pending, RateLimited
 from duplex.edge.realtime_ws.audio import WS_OUTPUT, Format, InputDecoder, OutputEncoder, formats_of
 from duplex.session.door import AudioClear, SimpleDoor
 from duplex.session.manager import SessionManager, SessionsFull
@@ -56,10 +56,11 @@ class RealtimeConnection:
     """One WebSocket = one session."""
 
     def __init__(self, ws: WebSocket, sessions: SessionManager, limits: RealtimeLimits,
-                 settings: ev.SessionSettings | None = None) -> None:
+                 settings: ev.SessionSettings | None = None, pending: Pending = UNCOUNTED) -> None:
         self.ws = ws
         self.sessions = sessions
         self.limits = limits
+        self._pending = pending
         self.settings = settings  # from the client secret that opened it, if any
         self.session: VoiceSession | None = None
         self.input = Format()
@@ -120,6 +121,7 @@ class RealtimeConnection:
         self._queue.put_nowait(_CLOSE)
 
     def _on_message(self, session: VoiceSession, raw: str | bytes) -> None:
+        self._pending.release()  # a client that speaks is connected
         if len(raw) > self.limits.max_frame_bytes:
             self._fail("event_too_large", f"a message of {len(raw)} bytes; the limit is "
                                           f"{self.limits.max_frame_bytes}", 1009)
@@ -310,8 +312,11 @@ class RealtimeDoor:
         self.live: set[RealtimeConnection] = set()
         self.counters = {"connected": 0, "closed_by_limit": 0}
 
-    async def serve(self, ws: WebSocket, settings: ev.SessionSettings | None = None) -> RealtimeConnection:
-        connection = RealtimeConnection(ws, self.sessions, self.limits, settings)
+    async def serve(self, ws: WebSocket, settings: ev.SessionSettings | None = None,
+                    pending: Pending = UNCOUNTED) -> RealtimeConnection:
+        """``pending``: the admission's hold on the caller's source, released at the client's
+        first message (a socket that never speaks stays counted against its address)."""
+        connection = RealtimeConnection(ws, self.sessions, self.limits, settings, pending)
         self.live.add(connection)
         self.counters["connected"] += 1
         try:

@@ -15,7 +15,7 @@ class TwilioDoor:
     name = "twilio"
 
     def __init__(self, limits: TwilioLimits, context: DoorContext) -> None:
-        self.endpoint = TwilioEndpoint(session_agents(context.sessions), limits)
+        self.endpoint = TwilioEndpoint(session_agents(context.sessions), limits, context.sessions.max_sessions)
 
     def router(self) -> APIRouter | None:
         return self.endpoint.router()

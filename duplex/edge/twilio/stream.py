@@ -24,14 +24,14 @@ from xml.sax.saxutils import quoteattr
 
 import msgspec
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from duplex.audio import Resampler
 from duplex.edge.media import g711
 from duplex.edge.media.audio import PHONE_FRAME, PHONE_RATE, PhoneDecoder
 from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo
 from duplex.edge.phone.refusals import Refusals
-from duplex.edge.rate import CallRate, RateLimited
+from duplex.edge.rate import UNCOUNTED, CallRate, Pending, PendingCalls, RateLimited
 from duplex.edge.twilio import messages as tm
 from duplex.edge.twilio.config import TwilioLimits
 from duplex.session.pacing import FramePacer
@@ -57,8 +57,9 @@ class TwilioMediaStream:
     def __init__(self, agent_factory: AgentFactory, send_text: Callable[[str], Awaitable[None]],
                  counters: collections.Counter[str] | None = None,
                  limits: TwilioLimits | None = None,
-                 admit: Callable[[], None] | None = None) -> None:
+                 admit: Callable[[], None] | None = None, unstarted: Pending = UNCOUNTED) -> None:
         self._factory = agent_factory
+        self._unstarted = unstarted  # counts against the source until its ``start``
         self._limits = limits or TwilioLimits()
         self._admit = admit  # raises StreamError when the door takes no new call now
         self._opened = self._started = self._last_media = 0.0
@@ -173,6 +174,7 @@ class TwilioMediaStream:
         self._started = self._last_media = loop.time()
         self._pacer_task = loop.create_task(self._send_agent_audio())
         self._pacer_task.add_done_callback(self._pacer_ended)
+        self._unstarted.release()
         self.counters["streams_started"] += 1
 
     def _caller_media(self, message: tm.Media) -> None:
@@ -245,16 +247,20 @@ class TwilioMediaStream:
 class TwilioEndpoint:
     """The WebSocket route (and the TwiML that points a provider's call at it)."""
 
-    def __init__(self, agent_factory: AgentFactory, limits: TwilioLimits | None = None) -> None:
+    def __init__(self, agent_factory: AgentFactory, limits: TwilioLimits | None = None,
+                 max_sessions: int | None = None) -> None:
         self.agent_factory = agent_factory
         self.limits = limits or TwilioLimits()
         self.live: set[TwilioMediaStream] = set()
         self.counters: collections.Counter[str] = collections.Counter()
-        self.rate = CallRate(self.limits.rate, "twilio")
+        self.rate = CallRate(self.limits.rate, "twilio", max_sessions=max_sessions)
+        # streams connected without their ``start`` yet, per source (the door's half-open calls)
+        self.unstarted = PendingCalls(self.limits.rate.pending_cap(max_sessions or 8), "Twilio",
+                                      self.limits.start_timeout_s)
         self.refusals = Refusals(self.counters, log, "twilio")
 
-    def stats(self) -> dict[str, int]:
-        return {"streams": len(self.live), **self.counters}
+    def stats(self) -> dict:
+        return {"streams": len(self.live), **self.counters, "unstarted": self.unstarted.stats()}
 
     def _admit(self, source: str) -> None:
         if not self.limits.limit_loopback and _loopback(source):
@@ -272,12 +278,19 @@ class TwilioEndpoint:
         return router
 
     async def serve(self, websocket: WebSocket) -> None:
-        await websocket.accept()
         source = websocket.client.host if websocket.client else ""
+        try:
+            unstarted = (UNCOUNTED if not self.limits.limit_loopback and _loopback(source)
+                         else self.unstarted.admit(source))
+        except RateLimited as exc:  # before the handshake: no stream, no task, one reply
+            self.refusals.note("pending_capped", str(exc))
+            await _deny(websocket, exc)
+            return
         stream = TwilioMediaStream(self.agent_factory, websocket.send_text, self.counters,
-                                   self.limits, lambda: self._admit(source))
+                                   self.limits, lambda: self._admit(source), unstarted)
         self.live.add(stream)
         try:
+            await websocket.accept()
             await stream.run(_texts(websocket, self.counters))
             await _close(websocket, 1000, "stream stopped")
         except StreamError as exc:
@@ -286,6 +299,7 @@ class TwilioEndpoint:
         except WebSocketDisconnect:
             pass
         finally:
+            unstarted.release()
             await stream.close()
             self.live.discard(stream)
 
@@ -303,6 +317,17 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+async def _deny(websocket: WebSocket, limited: RateLimited) -> None:
+    """Refuse the handshake: 429 with Retry-After where the server can send a response, else a
+    close (1013: try again later)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(JSONResponse(
+            {"error": {"type": "rate_limit_error", "message": str(limited)}}, status_code=429,
+            headers={"Retry-After": str(limited.retry_after)}))
+    else:
+        await websocket.close(1013, str(limited)[:120])
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from duplex.edge.config import EdgeConfig
+from duplex.edge.rate import UNCOUNTED, Pending
 from duplex.edge.webrtc.media import WEBRTC_OUTPUT, paced_pull
 from duplex.edge.webrtc.offer import OfferError, check_offer
 from duplex.edge.webrtc.rtc_peer import Peer, PeerListener, RtcPeer
@@ -53,8 +54,9 @@ def split_path_id(path_id: str) -> tuple[str, str]:
 class Call:
     """One peer connection and the session behind it; it hears its peer (``PeerListener``)."""
 
-    def __init__(self, call_id: str, gateway: WebRTCGateway) -> None:
+    def __init__(self, call_id: str, gateway: WebRTCGateway, connecting: Pending = UNCOUNTED) -> None:
         self.id = call_id
+        self.connecting = connecting  # counts against the caller's source until the media connects
         self.token = secrets.token_hex(16)  # in the Location only (see call_path_id)
         self.gateway = gateway
         self.session: VoiceSession | None = None
@@ -109,6 +111,7 @@ class Call:
 
     def state_changed(self, state: str) -> None:
         if state == "connected":
+            self.connecting.release()
             self.gateway.counters["connected"] += 1
         elif state in ("failed", "closed") and not self.closed:
             asyncio.get_running_loop().create_task(self.gateway.hang_up(self.id))
@@ -132,8 +135,11 @@ class WebRTCGateway:
         self.counters = {"offers": 0, "answered": 0, "bad_offers": 0, "connected": 0, "hung_up": 0,
                          "low_latency_receivers": 0, "not_connected": 0, "ended_at_max": 0, "failed": 0}
 
-    async def answer(self, offer_sdp: str, settings: ev.SessionSettings | None = None) -> tuple[Call, str]:
-        """Accept an offer: returns (the call, answer SDP). Raises SessionsFull, OfferError."""
+    async def answer(self, offer_sdp: str, settings: ev.SessionSettings | None = None,
+                     pending: Pending = UNCOUNTED) -> tuple[Call, str]:
+        """Accept an offer: returns (the call, answer SDP). Raises SessionsFull, OfferError.
+        ``pending``: the admission's hold on the caller's source, released once the media
+        connects or the call ends."""
         self.counters["offers"] += 1
         self.sessions.reserve()
         try:
@@ -143,7 +149,7 @@ class WebRTCGateway:
             self.counters["bad_offers"] += 1
             self.sessions.refused("webrtc", Refusal.BAD_REQUEST)
             raise OfferError(str(exc)) from None
-        call = Call(f"rtc_{secrets.token_hex(16)}", self)
+        call = Call(f"rtc_{secrets.token_hex(16)}", self, pending)
         session = self.sessions.open(SimpleDoor("webrtc", WEBRTC_OUTPUT, call.send), config, call_id=call.id)
         call.session = session
         self.calls[call.id] = call
@@ -193,6 +199,7 @@ class WebRTCGateway:
         if call is None or call.closed:
             return False
         call.closed = True
+        call.connecting.release()
         self.counters["hung_up"] += 1
         current = asyncio.current_task()
         for task in list(call.tasks):
