@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -137,5 +137,11 @@ def _report(results: list[ModeResult], args: argparse.Namespace) -> None:
     print(f"time to connect, rule on vs no attack (p50): x{ratio:.2f}")
     payload: dict[str, Any] = {"cpus": os.cpu_count(), "sessions": args.sessions, "attack": args.attack,
                                "callers": args.callers, "rounds": args.rounds, "connect_ratio_on_vs_quiet": ratio,
-                               "modes": [asdict(r) | {"admitted_share": r.admitted / r.attempts} for r in results]}
+                               "modes": [_as_json(r) for r in results]}
     write_json(args.json_path, payload)
+
+
+def _as_json(result: ModeResult) -> dict[str, Any]:
+    return {"mode": result.mode, "attempts": result.attempts, "admitted": result.admitted,
+            "admitted_share": result.admitted / result.attempts, "connect_ms": result.connect_ms,
+            "caller_refusals": dict(result.caller_refusals), "attack": dict(result.attack)}
