@@ -18,7 +18,7 @@ from typing import Protocol
 from fastapi import APIRouter
 
 from duplex.edge.config import EdgeConfig
-from duplex.edge.rate import RateConfig
+from duplex.edge.rate import DoorAdmission, RateConfig
 from duplex.session.manager import SessionManager
 
 # The names /duplex/stats already uses under ``edges`` for the server's own parts: a plug-in named
@@ -39,6 +39,13 @@ class DoorContext:
     @classmethod
     def of(cls, sessions: SessionManager, edge: EdgeConfig) -> DoorContext:
         return cls(sessions, edge.max_call_s, edge.call_rate, edge.limit_loopback)
+
+    def admission(self, door: str, connect_deadline_s: float) -> DoorAdmission:
+        """The server's rules for this door's new calls, as every built-in door has them: ask
+        ``admit(address)`` before any work for a call, release what it returns once the call is
+        connected (its first audio) or over."""
+        return DoorAdmission(self.call_rate, door, self.sessions.max_sessions, connect_deadline_s,
+                             self.limit_loopback)
 
 
 class DoorPlugin(Protocol):
