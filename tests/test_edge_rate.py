@@ -2,7 +2,7 @@
 
 import pytest
 
-from duplex.edge.rate import CallRate, RateConfig, RateLimited
+from duplex.edge.rate import CallRate, RateConfig, RateLimited, exempt, is_loopback
 
 
 class Clock:
@@ -46,3 +46,10 @@ def test_the_source_table_is_bounded() -> None:
     for n in range(1000):
         rate.check(f"10.{n // 256}.{n % 256}.1")
     assert rate.stats()["sources"] == 16
+
+
+def test_one_loopback_rule_for_every_door() -> None:
+    for host in ("127.0.0.1", "127.9.8.7", "::1", "::ffff:127.0.0.1"):
+        assert is_loopback(host) and exempt(host, limit_loopback=False) and not exempt(host, limit_loopback=True)
+    for host in ("192.0.2.1", "::ffff:192.0.2.1", "localhost", "unknown", ""):
+        assert not is_loopback(host) and not exempt(host, limit_loopback=False)

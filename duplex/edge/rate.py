@@ -3,10 +3,15 @@ and one for the whole door. A refusal says how long to wait (``Retry-After``).
 
 Sources are held in a bounded table (least recently seen dropped first), so a flood from many
 addresses costs memory in proportion to the table, not to the flood.
+
+One rule at every door (WebRTC, WebSocket, SIP, Twilio): a loopback source (127.0.0.0/8, ::1)
+is not rate-limited unless the door's ``limit_loopback`` is set (``--limit-loopback``): the
+host's own tools and a reverse proxy or SBC on the host share one address for every caller.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 from collections import OrderedDict
@@ -14,6 +19,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8 or ::1, also as an IPv4-mapped IPv6 address (a dual-stack socket's view of
+    127.0.0.1, which Python before 3.13 does not call loopback); a host name is not."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
+
+
+def exempt(host: str, limit_loopback: bool) -> bool:
+    """Whether a new call from ``host`` passes its door's rate unchecked (the rule above)."""
+    return not limit_loopback and is_loopback(host)
 
 
 class RateConfig(BaseModel):

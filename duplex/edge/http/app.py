@@ -21,8 +21,8 @@ from duplex.edge.http import protocol as http_protocol
 from duplex.edge.http.auth import DEMO_SECRET_PATH, OPEN, SECRETS_PATH, Access, AccessMiddleware, AuthError, Credential
 from duplex.edge.http.guard import DoorGuard
 from duplex.edge.http.signalling import SignallingError, read_call_request
-from duplex.edge.http.stats_view import detail_allowed, is_loopback, redact
-from duplex.edge.rate import CallRate, RateLimited
+from duplex.edge.http.stats_view import detail_allowed, redact
+from duplex.edge.rate import CallRate, RateLimited, exempt
 from duplex.edge.realtime_ws.door import REALTIME_PATH, RealtimeDoor, refuse_rate_limited
 from duplex.edge.webrtc.gateway import WebRTCGateway, split_path_id
 from duplex.edge.webrtc.offer import OfferError
@@ -199,9 +199,9 @@ def _refusal(exc: RateLimited | SignallingError | SessionsFull | OfferError) -> 
 
 
 def _check_rate(rate: CallRate, request: Request | WebSocket, limit_loopback: bool) -> None:
-    """Raises RateLimited; the host's own clients pass unless ``limit_loopback``."""
+    """Raises RateLimited; the host's own clients pass unless ``limit_loopback`` (``rate.exempt``)."""
     source = request.client.host if request.client else "unknown"
-    if not limit_loopback and is_loopback(source):
+    if exempt(source, limit_loopback):
         return
     rate.check(source)
 

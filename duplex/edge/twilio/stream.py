@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import binascii
 import collections
-import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +30,7 @@ from duplex.edge.media import g711
 from duplex.edge.media.audio import PHONE_FRAME, PHONE_RATE, PhoneDecoder
 from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo
 from duplex.edge.phone.refusals import Refusals
-from duplex.edge.rate import CallRate, RateLimited
+from duplex.edge.rate import CallRate, RateLimited, exempt
 from duplex.edge.twilio import messages as tm
 from duplex.edge.twilio.config import TwilioLimits
 from duplex.session.pacing import FramePacer
@@ -257,7 +256,7 @@ class TwilioEndpoint:
         return {"streams": len(self.live), **self.counters}
 
     def _admit(self, source: str) -> None:
-        if not self.limits.limit_loopback and _loopback(source):
+        if exempt(source, self.limits.limit_loopback):
             return
         try:
             self.rate.check(source)
@@ -296,13 +295,6 @@ class TwilioEndpoint:
         body = ('<?xml version="1.0" encoding="UTF-8"?>'
                 f"<Response><Connect><Stream url={quoteattr(url)}/></Connect></Response>")
         return Response(body, media_type="application/xml")
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
