@@ -312,7 +312,7 @@ async def test_foreign_host_names_and_origins_are_refused(server):
         assert (await stats(server.url))["sessions"]["opened"] == (await stats(server.url))["sessions"]["closed"]
         own = await http.post("/v1/realtime/calls", content="v=0\r\n", headers={
             "Content-Type": "text/plain", "Origin": server.url.rstrip("/")})
-        assert own.status_code == 400  # same origin: through to the offer check
+        assert own.status_code == 415  # same origin: through to the content type check (application/sdp)
         preflight_headers = {"Access-Control-Request-Method": "POST",
                              "Access-Control-Request-Headers": "authorization,content-type"}
         foreign = await http.options("/v1/realtime/calls", headers={**preflight_headers,

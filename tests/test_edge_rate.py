@@ -2,7 +2,17 @@
 
 import pytest
 
-from duplex.edge.rate import UNCOUNTED, CallRate, DoorAdmission, PendingCalls, RateConfig, RateLimited, source_of
+from duplex.edge.rate import (
+    UNCOUNTED,
+    CallRate,
+    DoorAdmission,
+    PendingCalls,
+    RateConfig,
+    RateLimited,
+    exempt,
+    is_loopback,
+    source_of,
+)
 
 
 class Clock:
@@ -99,3 +109,10 @@ def test_admission_caps_before_the_rate_and_lets_loopback_pass_unless_limited() 
     strict.admit("127.0.0.2"), strict.admit("127.0.0.2")
     with pytest.raises(RateLimited):
         strict.admit("127.0.0.2")
+
+
+def test_one_loopback_rule_for_every_door() -> None:
+    for host in ("127.0.0.1", "127.9.8.7", "::1", "::ffff:127.0.0.1"):
+        assert is_loopback(host) and exempt(host, limit_loopback=False) and not exempt(host, limit_loopback=True)
+    for host in ("192.0.2.1", "::ffff:192.0.2.1", "localhost", "unknown", ""):
+        assert not is_loopback(host) and not exempt(host, limit_loopback=False)

@@ -61,14 +61,43 @@ async def test_malformed_offers_get_400_with_a_reason(server):
         "video": (await offer_sdp(video=True), "audio (and the oai-events channel) only"),
         "no opus": (re.sub(r"(?m)^a=rtpmap:\d+ opus/48000/2\r?\n", "", good), "Opus"),
         "no fingerprint": (re.sub(r"(?m)^a=fingerprint:.*\r?\n", "", good), "fingerprint"),
-        "truncated": (good[: len(good) // 2], "cannot answer"),
+        # cut mid-line: the cut line is named, or the WebRTC stack refuses what is left
+        "truncated": (good[: len(good) // 2], ("of the offer:", "cannot answer")),
     }
+    for name, (body, reasons) in cases.items():
+        reply = await post_offer(server.url, body)
+        assert reply.status_code == 400, (name, reply.text)
+        reasons = (reasons,) if isinstance(reasons, str) else reasons
+        assert any(reason in error_message(reply) for reason in reasons), (name, error_message(reply))
+    reply = await post_offer(server.url, b"\xff\xfe\x00garbage")
+    assert reply.status_code == 400 and "UTF-8" in error_message(reply)
+    await no_sessions_left(server.url)
+
+
+async def test_malformed_lines_are_refused_naming_the_line_before_any_session(server):
+    """What an attack run sent: each refused 400 with the line and why (the WebRTC stack's parser
+    used to answer a bare 'AssertionError()' or accept the offer), and no session is opened."""
+    good = await offer_sdp()
+    fingerprint = re.search(r"(?m)^a=fingerprint:sha-256 (.*)\r?$", good)
+    assert fingerprint is not None
+    cases = {
+        "m=audio port abc": (re.sub(r"(?m)^m=audio \d+", "m=audio abc", good), "the port 'abc' is not a number"),
+        "rtpmap payload type 999": (re.sub(r"(?m)^a=rtpmap:\d+ opus", "a=rtpmap:999 opus", good),
+                                    "payload type '999' is not a number 0..127"),
+        "NUL in s=": (good.replace("\ns=-", "\ns=a\x00b"), "control character"),
+        "sha-999 fingerprint": (good.replace(fingerprint.group(0), "a=fingerprint:sha-999 " + fingerprint.group(1)),
+                                "unknown fingerprint hash 'sha-999'"),
+        "c= without an address": (re.sub(r"(?m)^c=IN IP4 \S+", "c=IN IP4", good, count=1),
+                                  "'c=' takes 'IN IP4 <address>'"),
+    }
+    before = (await get_stats(server.url))["sessions"]["opened"]
     for name, (body, reason) in cases.items():
         reply = await post_offer(server.url, body)
         assert reply.status_code == 400, (name, reply.text)
-        assert reason in error_message(reply), (name, error_message(reply))
-    reply = await post_offer(server.url, b"\xff\xfe\x00garbage")
-    assert reply.status_code == 400 and "UTF-8" in error_message(reply)
+        message = error_message(reply)
+        assert reason in message and re.match(r"line \d+ \(", message), (name, message)
+        assert "AssertionError" not in message
+    assert (await get_stats(server.url))["sessions"]["opened"] == before
     await no_sessions_left(server.url)
 
 
@@ -77,6 +106,9 @@ async def test_size_and_content_type_limits(server):
     assert reply.status_code == 413
     reply = await post_offer(server.url, json.dumps({"sdp": "v=0"}), "application/json")
     assert reply.status_code == 415 and "application/sdp" in error_message(reply)
+    # the Realtime API takes application/sdp: a well-formed offer as text/plain is another type
+    reply = await post_offer(server.url, await offer_sdp(), "text/plain")
+    assert reply.status_code == 415 and "'text/plain'" in error_message(reply)
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
         reply = await http.post("/v1/realtime/calls",
                                 files={"sdp": (None, await offer_sdp()), "session": (None, "{nope")})

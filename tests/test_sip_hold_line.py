@@ -5,6 +5,7 @@ inactivity and the maximum call duration end calls with a BYE."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import secrets
 import shutil
@@ -14,9 +15,11 @@ import time
 import numpy as np
 import pytest
 
+from duplex.edge import door_args
 from duplex.edge.rate import RateConfig
 from duplex.edge.sip.config import SipConfig
 from duplex.edge.sip.uas import SipServer
+from duplex.server import phone_edges
 from tests.sip_helpers import RtpPhone, SipPeer, ToneAgent, answer_port, sdp_offer, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -119,7 +122,7 @@ async def test_a_flood_of_unacked_invites_gets_no_amplification_and_locks_no_one
     """100 INVITEs with SDP, never ACKed, from one address (127.0.0.2): bytes back / bytes
     sent <= 1 (retransmissions, refusals and BYEs included), and a real call (sipp, from
     127.0.0.1) is answered and ACKed within 1 s of the flood's last INVITE."""
-    srv = await serve(ack_timeout_s=2.0)
+    srv = await serve(ack_timeout_s=2.0, limit_loopback=True)  # the flood stands for a foreign source
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.2", 0))
     sock.setblocking(False)
@@ -175,7 +178,7 @@ async def test_the_oldest_pending_call_gives_way(serve):
 
 
 async def test_per_source_and_global_invite_limits_answer_503_with_retry_after(serve):
-    srv = await serve(rate=RateConfig(per_source=6, source_burst=2, total=60, total_burst=3))
+    srv = await serve(rate=RateConfig(per_source=6, source_burst=2, total=60, total_burst=3), limit_loopback=True)
     peer = SipPeer(srv.address)
     statuses = []
     for _ in range(3):
@@ -195,6 +198,33 @@ async def test_per_source_and_global_invite_limits_answer_503_with_retry_after(s
     assert srv.stats()["rate"] == {"source": 1, "total": 1}
     peer.close()
     other.close()
+
+
+async def test_loopback_sources_pass_the_invite_rate_unless_limit_loopback(serve):
+    """Every door's rule (edge/rate.py): the host's own SBC or tools on 127.0.0.0/8 are not
+    rate-limited unless limit_loopback (--limit-loopback) is set."""
+    srv = await serve(rate=RateConfig(per_source=6, source_burst=2, total=60, total_burst=3))
+    assert not srv.config.limit_loopback
+    peer = SipPeer(srv.address)
+    statuses = []
+    for _ in range(4):  # past both bursts
+        peer.to_tag = ""
+        _, final = await peer.invite(sdp_offer(4000))
+        statuses.append(final.status)
+        peer.call_id = secrets.token_hex(8) + "@test"
+    assert statuses == [200] * 4
+    assert srv.stats()["rate_limited"] == 0 and srv.stats()["rate"] == {"source": 0, "total": 0}
+    peer.close()
+
+
+def test_limit_loopback_reaches_both_phone_doors():
+    parser = argparse.ArgumentParser()
+    door_args.add_arguments(parser)
+    phone_edges.add_arguments(parser)
+    for flags, limited in (([], False), (["--limit-loopback"], True)):
+        config = phone_edges.config_from_args(parser.parse_args(["--sip", "127.0.0.1:0", *flags]))
+        assert config.sip is not None and config.sip.limit_loopback is limited
+        assert config.twilio_limits.limit_loopback is limited
 
 
 async def _confirmed_call(srv: SipServer, peer: SipPeer, phone: RtpPhone):

@@ -53,3 +53,40 @@ async def test_a_server_whose_stage_is_down_says_not_ready_refuses_calls_and_sti
             assert 'duplex_calls_refused_total{door="webrtc",reason="stage_down"} 1.0' in metrics
             assert 'duplex_admission_refusals_total{reason="stage_down"} 1.0' in metrics
     assert server.stop() == 0
+
+
+async def _stats(http: httpx.AsyncClient) -> tuple[dict, float]:
+    """/duplex/stats with pids (the same host may see them) and how long it took."""
+    began = time.monotonic()
+    reply = await http.get("/duplex/stats?detail=1")
+    assert reply.status_code == 200, reply.text
+    return reply.json(), time.monotonic() - began
+
+
+async def test_stats_answer_at_once_while_a_stage_is_stopped_and_mark_it_not_answering():
+    """A stage process stopped (SIGSTOP; a wedged one looks the same) holds /duplex/stats for
+    supervision.stats_timeout_s (0.5 s), not for the coordinator's 5 s: the stage is shown up but
+    not answering, with the age of its last stats; once continued it answers again. (It is
+    continued well before the watchdog's 5 s would kill it.)"""
+    timeout_s = 0.5  # supervision.stats_timeout_s, the default
+    with ServerProcess(["--config", "toy-voice", "--port", "0"]) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+            stats, _ = await _stats(http)
+            assert all(s["answering"] and s["stats_age_s"] == 0.0 for s in stats["stages"].values()), stats
+            pid = stats["stages"]["voice"]["pid"]
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                stats, took = await _stats(http)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            print(f"\n/duplex/stats with the voice stage stopped: {1000 * took:.0f} ms")
+            voice, ears = stats["stages"]["voice"], stats["stages"]["ears"]
+            assert took < timeout_s + 1.0  # the bound, plus an HTTP round trip on a busy box
+            assert voice["answering"] is False and voice["state"] == "up" and voice["pid"] == pid, voice
+            assert voice["live_requests"] is None and 0 <= voice["stats_age_s"] < 5, voice
+            assert ears["answering"] is True and ears["live_requests"] == 0
+            deadline = time.monotonic() + 5
+            while not (stats := (await _stats(http))[0])["stages"]["voice"]["answering"]:
+                assert time.monotonic() < deadline, f"the continued stage does not answer: {stats}"
+            assert stats["stages"]["voice"]["pid"] == pid  # the same process: not killed by the watchdog
+    assert server.stop() == 0

@@ -142,6 +142,9 @@ class SupervisionConfig(_Strict):
     # a process that answers no ping for this long is killed (SIGKILL) and restarted; 0 = no watchdog.
     # Generous: pings are answered by the stage's I/O thread, between and during model steps.
     watchdog_timeout_s: float = Field(5.0, ge=0)
+    # how long /duplex/stats waits for the stages' stats: one that has not answered by then (stopped,
+    # wedged) is shown as not answering, with the age of its last stats, instead of holding the answer
+    stats_timeout_s: float = Field(0.5, gt=0)
     # a request with no output, progress report or input for this long fails (timeout); 0 = never
     request_stall_s: float = Field(30.0, ge=0)
 

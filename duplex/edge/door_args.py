@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "any other peer the header is ignored")
     group.add_argument("--call-rate-total", type=float, default=600.0, help="new calls a minute in all, per door")
     group.add_argument("--limit-loopback", action="store_true",
-                       help="rate-limit new calls from 127.0.0.0/8 and ::1 too (off: the host's own clients "
-                            "and a reverse proxy on it are not limited)")
+                       help="rate-limit new calls from 127.0.0.0/8 and ::1 too, at every door (WebRTC, "
+                            "WebSocket, SIP, Twilio; off: the host's own clients and a reverse proxy on it "
+                            "are not limited)")
     group.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                        help="a host name the server answers to besides IP literals and localhost (repeatable; "
                             "*.example.org a domain, * any)")

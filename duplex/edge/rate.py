@@ -7,6 +7,10 @@ one host is given (``source_of``).
 
 Sources are held in a bounded table (least recently seen dropped first), so a flood from many
 addresses costs memory in proportion to the table, not to the flood.
+
+One rule at every door (WebRTC, WebSocket, SIP, Twilio): a loopback source (127.0.0.0/8, ::1)
+is not rate-limited unless the door's ``limit_loopback`` is set (``--limit-loopback``): the
+host's own tools and a reverse proxy or SBC on the host share one address for every caller.
 """
 
 from __future__ import annotations
@@ -19,6 +23,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8 or ::1, also as an IPv4-mapped IPv6 address (a dual-stack socket's view of
+    127.0.0.1, which Python before 3.13 does not call loopback); a host name is not."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
+
+
+def exempt(host: str, limit_loopback: bool) -> bool:
+    """Whether a new call from ``host`` passes its door's rate unchecked (the rule above)."""
+    return not limit_loopback and is_loopback(host)
 
 
 class RateConfig(BaseModel):
@@ -170,13 +190,6 @@ class PendingCalls:
                 "refused": self.refused}
 
 
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
 class DoorAdmission:
     """A door's rules for a new call from ``address``, before any costly work: a loopback source
     passes unless ``limit_loopback`` (the host's own tools, a local proxy); otherwise the source's
@@ -190,7 +203,7 @@ class DoorAdmission:
         self.pending = PendingCalls(config.pending_cap(max_sessions), door, connect_deadline_s)
 
     def admit(self, address: str) -> Pending:
-        if not self.limit_loopback and is_loopback(address):
+        if exempt(address, self.limit_loopback):
             return UNCOUNTED
         pending = self.pending.admit(address)  # first: a refusal here spends no rate token
         try:

@@ -225,6 +225,10 @@ class Coordinator:
         states = self.supervisor.stage_states()
         return await self._queries.stats({s for s, state in states.items() if state is ProcessState.UP}, timeout)
 
+    def last_stats(self, stage: str) -> tuple[StageStatsView, float] | None:
+        """A stage's last stats reply (one that came after its query's timeout too) and its age in s."""
+        return self._queries.last(stage)
+
     async def stats(self, timeout: float = 5.0) -> dict[str, StageStatsView]:
         """Stats of every stage; TimeoutError naming those that did not answer (down, restarting
         or not answering within ``timeout``)."""

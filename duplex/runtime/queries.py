@@ -39,6 +39,8 @@ class StageQueries:
         self._replies: dict[int, asyncio.Future] = {}
         self._collected: dict[int, dict[str, m.StageStats]] = {}
         self._expected: dict[int, set[str]] = {}  # stats query -> stages that can answer it
+        # stage -> (its last stats reply, when it came (monotonic)): late replies count too
+        self._last: dict[str, tuple[StageStatsView, float]] = {}
 
     async def stats(self, expected: set[str], timeout: float) -> dict[str, StageStatsView]:
         """The stats of every stage that answers within ``timeout``; returns as soon as all of
@@ -58,9 +60,12 @@ class StageQueries:
             self._replies.pop(query_id, None)
             self._collected.pop(query_id, None)
             self._expected.pop(query_id, None)
-        return {name: StageStatsView(s.stage, s.pid, s.live_requests, dict(s.resources), dict(s.counters),
-                                     list(s.request_ids), s.steps, s.device_memory)
-                for name, s in collected.items()}
+        return {name: _view(s) for name, s in collected.items()}
+
+    def last(self, stage: str) -> tuple[StageStatsView, float] | None:
+        """The stage's last stats and their age in seconds, answered in time or late (None: never)."""
+        last = self._last.get(stage)
+        return None if last is None else (last[0], time.monotonic() - last[1])
 
     async def ping(self, stage: str, timeout: float) -> float:
         """Round trip of a control message to a stage and back, in seconds."""
@@ -75,6 +80,8 @@ class StageQueries:
         return (time.monotonic_ns() - pong.sent_ns) / 1e9
 
     def on_reply(self, msg: m.StageStats | m.Pong) -> None:
+        if isinstance(msg, m.StageStats):
+            self._last[msg.stage] = (_view(msg), time.monotonic())
         future = self._replies.get(msg.query_id)
         if future is None or future.done():
             return
@@ -85,3 +92,8 @@ class StageQueries:
         collected[msg.stage] = msg
         if self._expected[msg.query_id] <= collected.keys():
             future.set_result(None)
+
+
+def _view(s: m.StageStats) -> StageStatsView:
+    return StageStatsView(s.stage, s.pid, s.live_requests, dict(s.resources), dict(s.counters),
+                          list(s.request_ids), s.steps, s.device_memory)

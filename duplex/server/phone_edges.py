@@ -64,8 +64,7 @@ def config_from_args(args: argparse.Namespace) -> PhoneConfig:
                         rtp_port_max=int(high), budget_exempt=args.sip_trusted,
                         ack_timeout_s=args.sip_ack_timeout_s, **extra, **_shared_limits(args))
     twilio = TwilioLimits(start_timeout_s=args.twilio_media_timeout_s,
-                          media_timeout_s=args.twilio_media_timeout_s, **_shared_limits(args),
-                          **({"limit_loopback": True} if getattr(args, "limit_loopback", False) else {}))
+                          media_timeout_s=args.twilio_media_timeout_s, **_shared_limits(args))
     return PhoneConfig(sip=sip, twilio=args.twilio, twilio_limits=twilio)
 
 
@@ -77,6 +76,8 @@ def _shared_limits(args: argparse.Namespace) -> dict:
         fields["rate"] = RateConfig(**call_rate_fields(args))
     if getattr(args, "max_call_s", None) is not None:
         fields["max_call_s"] = args.max_call_s
+    if getattr(args, "limit_loopback", False):
+        fields["limit_loopback"] = True
     return fields
 
 

@@ -9,6 +9,7 @@ from typing import cast
 
 from duplex.runtime.contract import CallerAudio, Payload, Request
 from duplex.runtime.coordinator import Coordinator
+from duplex.runtime.queries import StageStatsView
 from duplex.runtime.requests import OutputChunk, RequestFinished, RequestHandle, RequestStatus
 from duplex.session.port import TurnEnded, TurnEvent, TurnStatus
 
@@ -49,23 +50,39 @@ class CoordinatorRuntime:
     def start(self, request: Request) -> CoordinatorTurn:
         return CoordinatorTurn(self.coordinator, self.coordinator.submit(request))
 
-    async def stats(self, timeout: float = 5.0) -> dict[str, dict]:
-        """Every stage: its stats and ``state`` (up / restarting / down); a stage that is not up,
-        or did not answer in time, shows as such (with no stats) instead of failing the answer."""
-        views = await self.coordinator.collect_stats(timeout)
+    async def stats(self, timeout: float | None = None) -> dict[str, dict]:
+        """Every stage: its stats, ``state`` (up / restarting / down) and whether it ``answering``
+        within ``timeout`` (default ``supervision.stats_timeout_s``), so a stopped or wedged stage
+        costs the answer that bound, not the whole wait. One that did not answer shows no current
+        numbers (None, empty), its last pid and ``stats_age_s``, the age of its last stats (None:
+        never had any); one that did shows ``stats_age_s`` 0."""
+        wait = self.coordinator.cfg.supervision.stats_timeout_s if timeout is None else timeout
+        views = await self.coordinator.collect_stats(wait)
         states = self.coordinator.supervisor.stage_states()
         out: dict[str, dict] = {}
         for stage in self.coordinator.cfg.stages:
-            s = views.get(stage.name)
-            if s is None:
-                state = states[stage.name].value if states[stage.name].value != "up" else "not answering"
-                out[stage.name] = {"state": state, "live_requests": None, "resources": {}, "counters": {},
-                                   "pid": None, "request_ids": []}
-                continue
-            out[stage.name] = {"state": "up", "live_requests": s.live_requests, "resources": dict(s.resources),
-                               "counters": dict(s.counters), "pid": s.pid, "request_ids": list(s.request_ids)}
-            if s.device_memory is not None:  # a stage on a GPU: bytes its process's allocator holds there
-                memory = s.device_memory
-                out[stage.name]["device_memory"] = {"device": memory.device, "allocated": memory.allocated,
-                                                    "reserved": memory.reserved}
+            state = states[stage.name].value
+            view = views.get(stage.name)
+            out[stage.name] = (_answered(view) if view is not None
+                               else _silent(state, self.coordinator.last_stats(stage.name)))
+            out[stage.name]["state"] = state
         return out
+
+
+def _answered(s: StageStatsView) -> dict:
+    out = {"answering": True, "stats_age_s": 0.0, "live_requests": s.live_requests,
+           "resources": dict(s.resources), "counters": dict(s.counters), "pid": s.pid,
+           "request_ids": list(s.request_ids)}
+    if s.device_memory is not None:  # a stage on a GPU: bytes its process's allocator holds there
+        memory = s.device_memory
+        out["device_memory"] = {"device": memory.device, "allocated": memory.allocated, "reserved": memory.reserved}
+    return out
+
+
+def _silent(state: str, last: tuple[StageStatsView, float] | None) -> dict:
+    """A stage with no stats in time: nothing it holds now is known (a waiting loop that reads
+    ``live_requests`` keeps waiting); its last pid is kept for whoever needs to look at it."""
+    pid = last[0].pid if last is not None and state == "up" else None  # (a restart has a new pid)
+    age = round(last[1], 3) if last is not None else None
+    return {"answering": False, "stats_age_s": age, "live_requests": None, "resources": {}, "counters": {},
+            "pid": pid, "request_ids": []}

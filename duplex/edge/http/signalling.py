@@ -31,7 +31,7 @@ class CallRequest:
 async def read_call_request(request: Request) -> CallRequest:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     body = await _read_limited(request)
-    if content_type in ("application/sdp", "text/plain"):
+    if content_type == "application/sdp":  # (as the Realtime API: text/plain is another type, 415)
         return CallRequest(_text(body, "body"), None)
     if content_type == "multipart/form-data":
         return await _read_multipart(request, body)

@@ -8,10 +8,10 @@ are renumbered 1, 2, ... with their counters kept."""
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 from duplex.edge.http.auth import Credential
+from duplex.edge.rate import is_loopback
 
 # fields that name a caller, a call or a process
 _IDENTIFYING = frozenset({
@@ -30,13 +30,6 @@ def detail_allowed(wanted: bool, credential: Credential, key_configured: bool, c
     if key_configured:
         return credential.kind == "key"
     return client_host is not None and is_loopback(client_host)
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _identifies(key: str, value: Any) -> bool:

@@ -33,6 +33,7 @@ class SipConfig(BaseModel):
     max_transactions: int = Field(4096, ge=16, le=1_000_000)  # open server transactions (each lives ~32 s)
     max_call_s: float = Field(3600.0, gt=0)  # an answered call is hung up (BYE) after this long
     rate: RateConfig = Field(default_factory=RateConfig)  # new INVITEs per source and in total
+    limit_loopback: bool = False  # rate-limit loopback sources too (off: every door's rule, edge/rate.py)
     # Anti-amplification: to a source without a confirmed call we send at most the bytes it
     # sent us (plus `reply_allowance_bytes`, renewed after `reply_window_s` of silence from it),
     # responses and their retransmissions included; refusals (503) at most `refusal_replies`

@@ -11,7 +11,7 @@ import ipaddress
 import logging
 
 from duplex.edge.phone.refusals import Refusals
-from duplex.edge.rate import CallRate, RateConfig, RateLimited
+from duplex.edge.rate import CallRate, RateConfig, RateLimited, exempt
 from duplex.edge.sip.config import SipConfig
 from duplex.edge.sip.reply_budget import ReplyBudget
 from duplex.edge.sip.transactions import Address
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 class SipGuard:
     def __init__(self, config: SipConfig, counters: collections.Counter[str]) -> None:
         self.rate = CallRate(config.rate, "sip")
+        self.limit_loopback = config.limit_loopback
         # how often a refused source hears why: a flood past its rate is mostly dropped unanswered
         self.refusal_replies = CallRate(RateConfig(
             per_source=config.refusal_replies, source_burst=2, total=60 * config.refusal_replies,
@@ -50,7 +51,9 @@ class SipGuard:
                 or self.budget.available(host) >= size)
 
     def check_rate(self, host: str) -> tuple[RateLimited | None, bool]:
-        """(the refusal or None, whether to answer it)."""
+        """(the refusal or None, whether to answer it); loopback passes unless ``limit_loopback``."""
+        if exempt(host, self.limit_loopback):
+            return None, False
         try:
             self.rate.check(host)
         except RateLimited as exc:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import binascii
 import collections
-import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +30,7 @@ from duplex.edge.media import g711
 from duplex.edge.media.audio import PHONE_FRAME, PHONE_RATE, PhoneDecoder
 from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo
 from duplex.edge.phone.refusals import Refusals
-from duplex.edge.rate import UNCOUNTED, CallRate, Pending, PendingCalls, RateLimited
+from duplex.edge.rate import UNCOUNTED, CallRate, Pending, PendingCalls, RateLimited, exempt
 from duplex.edge.twilio import messages as tm
 from duplex.edge.twilio.config import TwilioLimits
 from duplex.session.pacing import FramePacer
@@ -263,7 +262,7 @@ class TwilioEndpoint:
         return {"streams": len(self.live), **self.counters, "unstarted": self.unstarted.stats()}
 
     def _admit(self, source: str) -> None:
-        if not self.limits.limit_loopback and _loopback(source):
+        if exempt(source, self.limits.limit_loopback):
             return
         try:
             self.rate.check(source)
@@ -280,7 +279,7 @@ class TwilioEndpoint:
     async def serve(self, websocket: WebSocket) -> None:
         source = websocket.client.host if websocket.client else ""
         try:
-            unstarted = (UNCOUNTED if not self.limits.limit_loopback and _loopback(source)
+            unstarted = (UNCOUNTED if exempt(source, self.limits.limit_loopback)
                          else self.unstarted.admit(source))
         except RateLimited as exc:  # before the handshake: no stream, no task, one reply
             self.refusals.note("pending_capped", str(exc))
@@ -310,13 +309,6 @@ class TwilioEndpoint:
         body = ('<?xml version="1.0" encoding="UTF-8"?>'
                 f"<Response><Connect><Stream url={quoteattr(url)}/></Connect></Response>")
         return Response(body, media_type="application/xml")
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def _deny(websocket: WebSocket, limited: RateLimited) -> None:

@@ -163,7 +163,9 @@ class WebRTCGateway:
         except Exception as exc:
             self.counters["bad_offers"] += 1
             await self.hang_up(call.id)
-            raise OfferError(f"cannot answer this offer: {exc}") from None
+            # the offer passed check_offer, so this is the WebRTC stack's own refusal; an assert
+            # of its parser has no message, so the type at least is named
+            raise OfferError(f"cannot answer this offer: {str(exc) or type(exc).__name__}") from None
         if call.peer.low_latency:
             self.counters["low_latency_receivers"] += 1
         self.counters["answered"] += 1

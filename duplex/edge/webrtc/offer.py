@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from duplex.edge.webrtc.sdp_grammar import VERIFIABLE_FINGERPRINTS, SdpLineError, check_grammar, fingerprint_algorithms
+
 MAX_SDP_BYTES = 32 * 1024
 _RTPMAP = re.compile(r"^a=rtpmap:(\d+) ([^/\s]+)/(\d+)", re.IGNORECASE)
 
@@ -18,6 +20,10 @@ def check_offer(sdp: str) -> None:
     lines = [line.strip() for line in sdp.strip().splitlines()]
     if not lines or lines[0] != "v=0":
         raise OfferError("not an SDP offer: it must start with 'v=0'")
+    try:
+        check_grammar(sdp)  # first: the checks below and the WebRTC stack read well-formed lines only
+    except SdpLineError as exc:
+        raise OfferError(str(exc)) from None
     media = _media_sections(lines)
     audio = [section for section in media if section[0].startswith("m=audio ")]
     if not audio:
@@ -31,6 +37,9 @@ def check_offer(sdp: str) -> None:
         raise OfferError("the offer's audio has no Opus codec (a=rtpmap:<pt> opus/48000/2); Opus is required")
     if not any(line.startswith("a=fingerprint:") for line in lines):
         raise OfferError("the offer has no DTLS fingerprint (a=fingerprint:...)")
+    if not fingerprint_algorithms(sdp) & set(VERIFIABLE_FINGERPRINTS):
+        raise OfferError(f"the offer's DTLS fingerprints use none of {', '.join(VERIFIABLE_FINGERPRINTS)}, "
+                         "the hashes this server can check")
     if not any(line.startswith("a=ice-ufrag:") for line in lines):
         raise OfferError("the offer has no ICE credentials (a=ice-ufrag:...)")
 

@@ -47,7 +47,9 @@ class ServerStats:
         deadline = time.monotonic() + timeout
         while True:
             asked = time.monotonic()
-            held = wanted & live_request_ids(await self.get())
+            current = await self.get()
+            # a stage that did not answer in time may hold any of them: not released yet
+            held = wanted if silent_stages(current) else wanted & live_request_ids(current)
             if not held:
                 return asked
             if time.monotonic() > deadline:
@@ -81,7 +83,7 @@ def live_request_ids(stats: dict) -> set[str]:
 
 def held_resources(stats: dict) -> dict[str, int]:
     """Everything any stage still holds, as 'stage.what' -> count (empty when all is free)."""
-    held: dict[str, int] = {}
+    held: dict[str, int] = {name + ".not_answering": 1 for name in silent_stages(stats)}  # unknown: held
     for name, stage in stats.get("stages", {}).items():
         if stage.get("live_requests"):
             held[f"{name}.live_requests"] = stage["live_requests"]
@@ -89,3 +91,9 @@ def held_resources(stats: dict) -> dict[str, int]:
             if value:
                 held[f"{name}.{key}"] = value
     return held
+
+
+def silent_stages(stats: dict) -> list[str]:
+    """Stages whose stats did not come in time (stopped, wedged, restarting): what they hold is unknown."""
+    return [name for name, stage in stats.get("stages", {}).items()
+            if stage.get("answering") is False or stage.get("live_requests") is None]
