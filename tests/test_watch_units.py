@@ -151,7 +151,7 @@ def test_recordings_stay_under_their_size_and_age(tmp_path):
     os.utime(tmp_path / "older.wav", (time.time() - 60, time.time() - 60))
     os.utime(tmp_path / "old.wav", (time.time() - 30, time.time() - 30))
     recording = recorder.open_call("new", FORMAT)  # the oldest goes to make room
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.jsonl", "new.wav", "old.wav"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json", "new.jsonl", "new.wav", "old.wav"]
     for _ in range(200):  # far more than 3000 bytes of audio: the file stops growing
         recording.agent_frame(np.full(FORMAT.frame_samples * 2, 100, np.int16), recording._t0, 0.0, False)
     recording.close()
@@ -165,7 +165,8 @@ def test_a_call_id_from_the_wire_makes_a_safe_file_name(tmp_path):
     recording = Recorder(tmp_path / "calls", max_bytes=2**20, max_age_s=3600).open_call("a8f@10.0.0.1/../x", FORMAT)
     recording.close()
     names = sorted(p.name for p in (tmp_path / "calls").iterdir())
-    assert names == ["a8f_10.0.0.1_.._x.jsonl", "a8f_10.0.0.1_.._x.wav"]  # in the folder, nowhere else
+    # in the folder, nowhere else (the sidecar .json says whose call it was: recording_store.py)
+    assert names == ["a8f_10.0.0.1_.._x.json", "a8f_10.0.0.1_.._x.jsonl", "a8f_10.0.0.1_.._x.wav"]
 
 
 def test_every_call_event_is_one_json_line_naming_the_call(tmp_path):

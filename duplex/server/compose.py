@@ -22,6 +22,7 @@ from duplex.edge.http.app import create_app
 from duplex.edge.http.auth import Access
 from duplex.edge.http.health import add_health_routes
 from duplex.edge.http.protocol import accept_backlog, bound_server_logs, connection_cap, guarded_protocol
+from duplex.edge.http.recordings import add_recording_routes
 from duplex.edge.memory import MemoryKeeper
 from duplex.edge.plugin import DoorContext, DoorError, DoorFactory, DoorPlugin, build_doors
 from duplex.edge.webrtc.gateway import WebRTCGateway
@@ -93,6 +94,8 @@ async def serve(pipeline: PipelineConfig, edge: EdgeConfig, session_config: Sess
     app = create_app(runtime, sessions, gateway, other_edges=others,
                      access=access, limits=edge.realtime, doors=plugins)
     add_health_routes(app, watch)  # /metrics behind the API key (AccessMiddleware); health probes open
+    if watch.recorder is not None:  # /v1/recordings: the folder's, behind the key (recordings.py)
+        add_recording_routes(app, watch.recorder.store, access)
     bound_server_logs(edge.http.error_log_per_minute)  # EMFILE on accept, invalid requests: rate-bounded
     server = _HttpServer(uvicorn.Config(app, host=edge.host, port=edge.port, log_level=log_level,
                                         lifespan="off", ws="auto", ws_max_size=_ws_max_size(edge),

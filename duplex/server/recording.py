@@ -10,7 +10,10 @@ removed) says it was captured, the clock barge-in times are measured on. Both ar
 they come (a second or so behind), so a long call does not pile up in memory.
 
 Limits: before each new call, recordings older than ``max_age_s`` go, then the oldest until the
-folder is under ``max_bytes``; a call's own recording stops growing at ``max_bytes``.
+folder is under ``max_bytes``; a call's own recording stops growing at ``max_bytes``. A recording's
+files (``.wav``, ``.jsonl``, its sidecar ``.json``: ``recording_store.py``) go together.
+
+Which calls are recorded is the policy's (``recording_policy.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import msgspec
 import numpy as np
 
 from duplex.audio import SESSION_RATE, Resampler
+from duplex.server.recording_store import SUFFIXES, RecordingFolder, Sidecar
 from duplex.session.clock import InputClock
 from duplex.session.playout import OutputFormat
 from duplex.session.realtime import events as ev
@@ -44,24 +48,33 @@ class Recorder:
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         folder.mkdir(parents=True, exist_ok=True)
+        self.store = RecordingFolder(folder, RATE)  # what the recordings API reads
 
-    def open_call(self, call_id: str, output_format: OutputFormat) -> CallRecording:
+    def open_call(self, call_id: str, output_format: OutputFormat, owner: str | None = None,
+                  reason: str = "all") -> CallRecording:
         self.prune()
-        name = _UNSAFE.sub("_", call_id)
+        name = _UNSAFE.sub("_", call_id).lstrip(".") or "call"  # no hidden files, no "..": see recordings.py
+        self.store.write_sidecar(name, Sidecar(call_id=call_id, owner=owner, created_at=time.time(), reason=reason))
         return CallRecording(self.folder / f"{name}.wav", self.folder / f"{name}.jsonl", output_format,
                              self.max_bytes)
 
     def prune(self) -> None:
-        files = sorted((p for p in self.folder.iterdir() if p.suffix in (".wav", ".jsonl") and p.is_file()),
-                       key=lambda p: p.stat().st_mtime)
+        """By recording (its files together), the least recently written first."""
+        groups: dict[str, list[Path]] = {}
+        for path in self.folder.iterdir():
+            if path.suffix in SUFFIXES and path.is_file():
+                groups.setdefault(path.stem, []).append(path)
+        stats = {stem: [p.stat() for p in paths] for stem, paths in groups.items()}
+        order = sorted(groups, key=lambda stem: max(s.st_mtime for s in stats[stem]))
         now = time.time()
-        total = sum(p.stat().st_size for p in files)
-        for path in files:
-            too_old = now - path.stat().st_mtime > self.max_age_s
+        total = sum(s.st_size for each in stats.values() for s in each)
+        for stem in order:
+            too_old = now - max(s.st_mtime for s in stats[stem]) > self.max_age_s
             if not too_old and total <= self.max_bytes:
                 continue
-            total -= path.stat().st_size
-            path.unlink(missing_ok=True)
+            total -= sum(s.st_size for s in stats[stem])
+            for path in groups[stem]:
+                path.unlink(missing_ok=True)
 
 
 class _Channel:

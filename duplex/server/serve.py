@@ -19,6 +19,7 @@ from duplex.edge import door_args
 from duplex.edge.config import EdgeConfig
 from duplex.edge.plugin import load_factory
 from duplex.server import phone_edges
+from duplex.server.recording_policy import DEFAULT_NOTICE, RecordingPolicy
 from duplex.server.watch import WatchConfig
 
 
@@ -72,9 +73,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         plugins = [load_factory(spec) for spec in edge.doors]  # a bad --door stops here, before the stages start
         sessions_config = session_defaults(pipeline.session, args.instructions)
         phone = phone_edges.config_from_args(args)
-        watch = WatchConfig(metrics=not args.no_metrics, call_log=args.call_log, record_dir=args.record,
-                            record_max_mb=args.record_max_mb, record_max_age_h=args.record_max_age_h,
-                            drain_timeout_s=args.drain_timeout_s)
+        watch = watch_config(args)
     except (ConfigError, ValueError) as exc:  # pydantic's ValidationError, DoorError: ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -82,6 +81,18 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
     doors = [*phone_edges.door_factories(phone), *plugins]  # the one list of doors beside WebRTC and WebSocket
     return asyncio.run(serve(pipeline, edge, sessions_config, args.log_level, doors, watch))
+
+
+def watch_config(args: argparse.Namespace) -> WatchConfig:
+    """The watch's settings; a bad recording policy is said in one line (ValueError)."""
+    notice = {"record_notice": args.record_notice} if args.record_notice is not None else {}
+    try:
+        return WatchConfig(metrics=not args.no_metrics, call_log=args.call_log, record_dir=args.record,
+                           record_policy=args.record_policy, record_share=args.record_share,
+                           record_max_mb=args.record_max_mb, record_max_age_h=args.record_max_age_h,
+                           drain_timeout_s=args.drain_timeout_s, **notice)
+    except ValidationError as exc:  # pydantic's message names the model and links its docs: too much here
+        raise ValueError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())) from None
 
 
 def engine_overrides(config: str | None, llm: str | None, model: str | None,
@@ -114,8 +125,17 @@ def _add_watch_arguments(parser: argparse.ArgumentParser) -> None:
     watch.add_argument("--no-metrics", action="store_true", help="no GET /metrics and no per-call instruments")
     watch.add_argument("--call-log", metavar="PATH", help="write the JSON call-event lines to this file")
     watch.add_argument("--record", metavar="DIR", type=Path,
-                       help="record every call here: a stereo WAV (caller left, agent right) and its events "
-                            "as JSON Lines (off by default)")
+                       help="keep call recordings here: a stereo WAV (caller left, agent right), its events as "
+                            "JSON Lines and a sidecar naming its owner; alone, every call is recorded (off by "
+                            "default)")
+    watch.add_argument("--record-policy", choices=[p.value for p in RecordingPolicy], default=None,
+                       help="which calls are recorded (with --record DIR): all (the default), share (a random "
+                            "--record-share of calls), on_request (calls whose client asks: session recording: "
+                            "true), none")
+    watch.add_argument("--record-share", type=float, default=None, metavar="F",
+                       help="record this fraction (0..1) of calls, drawn per call (implies --record-policy share)")
+    watch.add_argument("--record-notice", default=None, metavar="TEXT",
+                       help=f"what a recorded phone call (SIP, Twilio) says first (default: {DEFAULT_NOTICE!r})")
     watch.add_argument("--record-max-mb", type=float, default=1024.0, help="keep the recordings under this size")
     watch.add_argument("--record-max-age-h", type=float, default=24.0, help="delete recordings older than this")
     watch.add_argument("--drain-timeout-s", type=float, default=30.0,

@@ -16,6 +16,7 @@ from duplex.session.endpoint import TurnEndModel
 from duplex.session.observe import CallObserver, CallTap, Refusal
 from duplex.session.port import VoiceRuntime
 from duplex.session.realtime import events as ev
+from duplex.session.recording import Opening, SessionRecording
 from duplex.session.session import VoiceSession
 
 
@@ -106,20 +107,23 @@ class SessionManager:
         if self.observer is not None:
             self.observer.refused(transport, reason)
 
-    def open(self, door: Door, config: SessionConfig | None = None, call_id: str | None = None) -> VoiceSession:
-        """The one way every door opens a session (``door.py``: what the door gives it)."""
+    def open(self, door: Door, config: SessionConfig | None = None, call_id: str | None = None,
+             opening: Opening = Opening()) -> VoiceSession:
+        """The one way every door opens a session (``door.py``: what the door gives it);
+        ``opening``: who opens it and whether they ask to be recorded (``recording.py``)."""
         transport = door.transport
         self.reserve(transport)
         session_id = f"sess_{secrets.token_hex(8)}"
         made: list[VoiceSession] = []
-        tap = None
+        watch = None
         if self.observer is not None:
-            tap = self.observer.open_call(session_id, transport, call_id or session_id, door.output)
-            door = SimpleDoor(transport, door.output, _tapped(door.deliver, tap, made), door.clear_audio)
+            watch = self.observer.open_call(session_id, transport, call_id or session_id, door.output, opening)
+            door = SimpleDoor(transport, door.output, _tapped(door.deliver, watch.tap, made), door.clear_audio)
         session = VoiceSession(session_id, self.runtime, config or self.config, door, turn_end=self.turn_end)
         made.append(session)
-        if tap is not None:
-            session.tap = tap
+        if watch is not None:
+            session.tap, session.recording = watch.tap, SessionRecording(watch.recording)
+        session.recording.open(opening.record)
         self.sessions[session_id] = (transport, session)
         self.counters["opened"] += 1
         return session

@@ -8,12 +8,13 @@ nothing (``--no-metrics``)."""
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from duplex.session.playout import OutputFormat, PulledFrame
 from duplex.session.realtime import events as ev
+from duplex.session.recording import NOT_RECORDED, Opening, RecordingSwitch
 from duplex.session.response import Response
 from duplex.session.states import ResponseState
 
@@ -46,8 +47,16 @@ class CallTap(Protocol):
     def close(self) -> None: ...
 
 
+class CallWatch(NamedTuple):
+    """What the observer keeps of one call: its tap, and its recording's switch."""
+
+    tap: CallTap
+    recording: RecordingSwitch = NOT_RECORDED
+
+
 class CallObserver(Protocol):
-    def open_call(self, session_id: str, door: str, call_id: str, output_format: OutputFormat) -> CallTap: ...
+    def open_call(self, session_id: str, door: str, call_id: str, output_format: OutputFormat,
+                  opening: Opening) -> CallWatch: ...
     def refused(self, door: str, reason: Refusal) -> None: ...
 
 

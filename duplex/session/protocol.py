@@ -11,6 +11,7 @@ from duplex.config.session import SessionConfig
 from duplex.session.realtime import events as ev
 from duplex.session.realtime.client_items import ItemError, wants_audio
 from duplex.session.realtime.tools import parse_tools
+from duplex.session.recording import RecordingRefused
 from duplex.session.session import VoiceSession
 from duplex.session.states import CallState
 
@@ -36,10 +37,20 @@ def describe_session(session: VoiceSession, model: str) -> dict:
             # ours: semantic_vad turns are judged by the sound of their end too (Smart Turn), or, on a
             # server without that model, by their words only
             "duplex_turn_end": {"audio_model": session.judge.model is not None},
+            "recording": session.recording.active,  # ours: the caller is told they are recorded
             **session.tools.describe(),
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": SESSION_RATE},
                                 "turn_detection": turn_detection},
                       "output": {"format": {"type": "audio/pcm", "rate": session.playout.format.sample_rate}}}}
+
+
+def announce_session(session: VoiceSession, model: str) -> None:
+    """A door's first event, ``session.created``; then, if the opening settings asked for a
+    recording the server's policy refused, the error that says why."""
+    session.emit(ev.SessionCreated(session=describe_session(session, model)))
+    refused, session.recording.refused = session.recording.refused, None
+    if refused is not None:
+        session.emit_error(refused.code, str(refused))
 
 
 def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> SessionConfig:
@@ -156,6 +167,11 @@ def _update(session: VoiceSession, event: ev.SessionUpdate, model: str) -> None:
     except ValueError as exc:
         session.emit_error("invalid_session_settings", str(exc), event.event_id)
         return
+    if event.session.recording is not None:
+        try:  # the rest of the update applies either way: a refused ask leaves the recording as it was
+            session.recording.ask(event.session.recording)
+        except RecordingRefused as exc:
+            session.emit_error(exc.code, str(exc), event.event_id)
     session.reconfigure(config)
     session.tools.configure(tools, tool_choice)
     modalities = event.session.output_modalities or event.session.modalities

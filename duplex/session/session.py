@@ -3,20 +3,18 @@
 Its door pushes the caller's audio as it arrives and pulls one output frame per ``frame_ms``;
 the session decides the rest, on one asyncio loop, never blocking.
 
-Two state machines (``states.py``) say where things stand: the call's (idle -> user_speaking ->
-responding -> agent_speaking -> idle) and each response's (listening -> [speculative ->]
-committed -> speaking [<-> paused] -> draining -> done, or cancelled / failed). Turn cues come
-from ``turns.TurnDetector``. Speech onset while a response is live is a barge-in, and
-``listen.BargeInListener`` decides it: with ``barge_in.mode: onset`` at once, an interruption
-(``interrupted_by``: the output is flushed, the response aborted in every stage, the client told
-where its audio was cut, and a new turn begins); with ``listen`` the reply pauses at the onset and
-the sound and its words are judged: an interruption goes on as above, a backchannel or a noise
-resumes the paused reply where it stopped.
+Two state machines (``states.py``) say where things stand: the call's (idle -> user_speaking -> responding ->
+agent_speaking -> idle) and each response's (listening -> [speculative ->] committed -> speaking [<-> paused] ->
+draining -> done, or cancelled / failed). Turn cues come from ``turns.TurnDetector``. Speech onset while a response
+is live is a barge-in, and ``listen.BargeInListener`` decides it: with ``barge_in.mode: onset`` at once, an
+interruption (``interrupted_by``: the output is flushed, the response aborted in every stage, the client told where
+its audio was cut, and a new turn begins); with ``listen`` the reply pauses at the onset and the sound and its words
+are judged: an interruption goes on as above, a backchannel or a noise resumes the paused reply where it stopped.
 
-Preemptive generation: a pause (``SessionConfig.pause_ms``) closes the turn's input and the
-answer starts, held; voice again aborts it and a fresh request (``supersedes`` the old) gets the
-whole turn; the silence completing, or the pause judged the end (``endpoint.py``), releases it.
-What the caller heard of a cut reply (``heard.py``) goes with the next request (``heard``).
+Preemptive generation: a pause (``SessionConfig.pause_ms``) closes the turn's input and the answer starts, held;
+voice again aborts it and a fresh request (``supersedes`` the old) gets the whole turn; the silence completing, or
+the pause judged the end (``endpoint.py``), releases it. What the caller heard of a cut reply (``heard.py``) goes
+with the next request (``heard``).
 
 One file: the one place that orders what happens in a call (audio in, cues, runtime events,
 barge-in, audio out); what it orders lives beside it, and split, the order would be hidden.
@@ -48,6 +46,7 @@ from duplex.session.realtime import events as ev
 from duplex.session.realtime.announce import Announcer
 from duplex.session.realtime.client_items import ClientItems, ClientTurn
 from duplex.session.realtime.tools import SessionTools
+from duplex.session.recording import SessionRecording
 from duplex.session.reference import OutputReference
 from duplex.session.response import Response
 from duplex.session.states import CALL_TRANSITIONS, CallState, ResponseState, StateMachine
@@ -91,6 +90,7 @@ class VoiceSession:
         self.items = ClientItems(session_id, self.tell.emit, self.classifier)
         self.tools = SessionTools(self.tell, self.items.new_id)  # function calling (tools.py)
         self.tap: CallTap = NO_TAP  # the server's watch on this call (metrics, recording); see observe.py
+        self.recording = SessionRecording()  # whether it is recorded, and the client's say (recording.py)
         self.judge = EndOfTurnJudge(config.semantic, turn_end, self._tasks.spawn, self._on_judged)
         self.judge.reconfigure(config.semantic, config.semantic_turns)
 

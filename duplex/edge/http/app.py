@@ -18,7 +18,16 @@ from fastapi.staticfiles import StaticFiles
 from duplex.edge.config import AccessConfig, RealtimeLimits
 from duplex.edge.http import guard
 from duplex.edge.http import protocol as http_protocol
-from duplex.edge.http.auth import DEMO_SECRET_PATH, OPEN, SECRETS_PATH, Access, AccessMiddleware, AuthError, Credential
+from duplex.edge.http.auth import (
+    DEMO_SECRET_PATH,
+    OPEN,
+    SECRETS_PATH,
+    Access,
+    AccessMiddleware,
+    AuthError,
+    Credential,
+    owner_of,
+)
 from duplex.edge.http.guard import DoorGuard
 from duplex.edge.http.signalling import SignallingError, read_call_request
 from duplex.edge.http.stats_view import detail_allowed, redact
@@ -92,7 +101,7 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
         sockets.add(connection_id)
         access.opened(connection_id, credential, live)
         try:
-            await door.serve(websocket, credential.settings, pending)
+            await door.serve(websocket, credential.settings, pending, owner_of(credential))
         finally:
             pending.release()
             sockets.discard(connection_id)
@@ -140,7 +149,8 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
             return _refusal(exc)
         try:
             call = await read_call_request(request)
-            opened, answer = await gateway.answer(call.sdp, call.settings or credential.settings, pending)
+            opened, answer = await gateway.answer(call.sdp, call.settings or credential.settings, pending,
+                                                  owner_of(credential))
             access.opened(opened.id, credential, live)
         except (SignallingError, SessionsFull, OfferError) as exc:
             pending.release()

@@ -17,6 +17,7 @@ The middleware is plain ASGI, so it covers HTTP and WebSocket routes alike, pres
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 import time
@@ -36,6 +37,7 @@ SECRETS_PATH = "/v1/realtime/client_secrets"
 DEMO_SECRET_PATH = "/duplex/demo/client_secret"
 _OPENERS = {("POST", "/v1/realtime/calls"), ("WS", "/v1/realtime")}  # a client secret opens these
 _OWN_CALL_PREFIX = "/v1/realtime/calls/"  # ... and then reaches its own call here
+RECORDINGS_PATH = "/v1/recordings"  # ... and its call's recordings (recordings.py)
 _PUBLIC = ("/web/",)
 
 
@@ -61,6 +63,12 @@ class Credential:
 
 OPEN = Credential("open", "open")
 KEY = Credential("key", "key")
+
+
+def owner_of(credential: Credential) -> str:
+    """The identity a call's recording keeps of who opened it: a hash, so that the secret itself
+    never lies on disk next to the recording (a client secret's 24 random bytes need no salt)."""
+    return hashlib.sha256(credential.id.encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -207,9 +215,11 @@ class AccessMiddleware:
         opens = (method, scope["path"].rstrip("/")) in _OPENERS
         try:
             credential = self.access.authenticate(token, address, opens)
-            if credential.kind == "secret" and not (opens or scope["path"].startswith(_OWN_CALL_PREFIX)):
+            if credential.kind == "secret" and not (opens or scope["path"].startswith(_OWN_CALL_PREFIX)
+                                                    or _under(scope["path"], RECORDINGS_PATH)):
                 raise AuthError(403, "client_secret_not_allowed", "a client secret opens a call and reaches only "
-                                                                  "that call; this endpoint needs the API key")
+                                                                  "that call and its recordings; this endpoint "
+                                                                  "needs the API key")
         except AuthError as exc:
             await deny(scope, receive, send, exc)
             return
@@ -217,6 +227,10 @@ class AccessMiddleware:
         if protocols is not None:  # the key rode in a subprotocol: offer the client only its others
             scope["subprotocols"] = protocols
         await self.app(scope, receive, send)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
 
 
 def _public(path: str) -> bool:

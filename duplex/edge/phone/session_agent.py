@@ -14,6 +14,7 @@ from duplex.session.door import AudioClear
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.playout import OutputFormat
 from duplex.session.realtime import events as ev
+from duplex.session.recording import speak_notice
 
 PHONE_OUTPUT = OutputFormat(sample_rate=8000, channels=1, frame_ms=20)
 EventObserver = Callable[[CallInfo, ev.ServerEvent], None]
@@ -32,6 +33,7 @@ class SessionCallAgent:
         self.digits: list[str] = []
         self.transport, self.output = info.transport, PHONE_OUTPUT  # the session's door (session/door.py)
         self.session = sessions.open(self, call_id=info.call_id)
+        speak_notice(self.session)  # a phone has no session.created to say it: a recorded call says so first
 
     def caller_audio(self, pcm: np.ndarray, arrival: float) -> None:
         self.session.push_input(pcm, arrival)

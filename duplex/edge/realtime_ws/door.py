@@ -33,9 +33,10 @@ from duplex.session.door import AudioClear, SimpleDoor
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.pacing import FramePacer
 from duplex.session.playout import PulledFrame
-from duplex.session.protocol import apply_settings, describe_session, handle_client_message
+from duplex.session.protocol import announce_session, apply_settings, handle_client_message
 from duplex.session.realtime import events as ev
 from duplex.session.realtime import item_events as iev
+from duplex.session.recording import Opening
 from duplex.session.session import VoiceSession
 
 log = logging.getLogger("duplex.edge")
@@ -56,8 +57,10 @@ class RealtimeConnection:
     """One WebSocket = one session."""
 
     def __init__(self, ws: WebSocket, sessions: SessionManager, limits: RealtimeLimits,
-                 settings: ev.SessionSettings | None = None, pending: Pending = UNCOUNTED) -> None:
+                 settings: ev.SessionSettings | None = None, pending: Pending = UNCOUNTED,
+                 owner: str | None = None) -> None:
         self.ws = ws
+        self.owner = owner  # who opened it (auth.owner_of), kept with its recording
         self.sessions = sessions
         self.limits = limits
         self._pending = pending
@@ -81,13 +84,15 @@ class RealtimeConnection:
         config = apply_settings(self.sessions.config, self.settings) if self.settings else None
         await self.ws.accept(subprotocol=subprotocol)
         try:
-            self.session = self.sessions.open(SimpleDoor("websocket", WS_OUTPUT, self._send, self._clear), config)
+            opening = Opening(self.owner, self.settings.recording if self.settings else None)
+            self.session = self.sessions.open(SimpleDoor("websocket", WS_OUTPUT, self._send, self._clear), config,
+                                              opening=opening)
         except SessionsFull as exc:
             await self._refuse("server_busy", str(exc), 1013)
             return
         session = self.session
         session.items.decoder = InputDecoder(self.input)
-        session.emit(ev.SessionCreated(session=describe_session(session, self.sessions.model)))
+        announce_session(session, self.sessions.model)
         tasks = [asyncio.create_task(self._write(), name="ws-write"),
                  asyncio.create_task(self._play(session), name="ws-play"),
                  asyncio.create_task(self._expire(), name="ws-expire")]
@@ -313,10 +318,11 @@ class RealtimeDoor:
         self.counters = {"connected": 0, "closed_by_limit": 0}
 
     async def serve(self, ws: WebSocket, settings: ev.SessionSettings | None = None,
-                    pending: Pending = UNCOUNTED) -> RealtimeConnection:
+                    pending: Pending = UNCOUNTED, owner: str | None = None) -> RealtimeConnection:
         """``pending``: the admission's hold on the caller's source, released at the client's
-        first message (a socket that never speaks stays counted against its address)."""
-        connection = RealtimeConnection(ws, self.sessions, self.limits, settings, pending)
+        first message (a socket that never speaks stays counted against its address); ``owner``:
+        who opens it (``auth.owner_of``)."""
+        connection = RealtimeConnection(ws, self.sessions, self.limits, settings, pending, owner)
         self.live.add(connection)
         self.counters["connected"] += 1
         try:

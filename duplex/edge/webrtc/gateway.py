@@ -22,8 +22,9 @@ from duplex.edge.webrtc.rtc_peer import Peer, PeerListener, RtcPeer
 from duplex.session.door import SimpleDoor
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.observe import Refusal
-from duplex.session.protocol import apply_settings, describe_session, handle_client_message
+from duplex.session.protocol import announce_session, apply_settings, handle_client_message
 from duplex.session.realtime import events as ev
+from duplex.session.recording import Opening
 from duplex.session.session import VoiceSession
 
 log = logging.getLogger("duplex.edge")
@@ -100,7 +101,7 @@ class Call:
     def channel_opened(self) -> None:
         if self.session is None or self.peer is None:
             return
-        self.session.emit(ev.SessionCreated(session=describe_session(self.session, self.gateway.sessions.model)))
+        announce_session(self.session, self.gateway.sessions.model)
         while self.pending and self.peer.channel_open:
             self.peer.send(ev.encode_event(self.pending.popleft()))
 
@@ -136,7 +137,7 @@ class WebRTCGateway:
                          "low_latency_receivers": 0, "not_connected": 0, "ended_at_max": 0, "failed": 0}
 
     async def answer(self, offer_sdp: str, settings: ev.SessionSettings | None = None,
-                     pending: Pending = UNCOUNTED) -> tuple[Call, str]:
+                     pending: Pending = UNCOUNTED, owner: str | None = None) -> tuple[Call, str]:
         """Accept an offer: returns (the call, answer SDP). Raises SessionsFull, OfferError.
         ``pending``: the admission's hold on the caller's source, released once the media
         connects or the call ends."""
@@ -150,7 +151,9 @@ class WebRTCGateway:
             self.sessions.refused("webrtc", Refusal.BAD_REQUEST)
             raise OfferError(str(exc)) from None
         call = Call(f"rtc_{secrets.token_hex(16)}", self, pending)
-        session = self.sessions.open(SimpleDoor("webrtc", WEBRTC_OUTPUT, call.send), config, call_id=call.id)
+        opening = Opening(owner, settings.recording if settings else None)
+        session = self.sessions.open(SimpleDoor("webrtc", WEBRTC_OUTPUT, call.send), config, call_id=call.id,
+                                     opening=opening)
         call.session = session
         self.calls[call.id] = call
         try:

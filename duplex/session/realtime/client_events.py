@@ -172,6 +172,9 @@ class SessionSettings(_Settings, kw_only=True):
     input_audio_format: ShortText | None = None  # beta: pcm16, g711_ulaw, g711_alaw
     output_audio_format: ShortText | None = None
     input_audio_transcription: Transcription | None = None  # beta place of audio.input.transcription
+    # ours, beside barge_in: record this call (where the server records on request); False asks
+    # it to stop, refused where the server's policy requires the recording
+    recording: bool | None = None
 
 
 class ClientEvent(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fields=True):
