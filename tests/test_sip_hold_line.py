@@ -153,7 +153,9 @@ async def test_a_flood_of_unacked_invites_gets_no_amplification_and_locks_no_one
     assert connect_s < 1.0
     stats = srv.stats()
     assert stats["calls_answered"] >= 2 and stats["internal_errors"] == 0
-    assert stats["half_open_reaped"] + stats["rate_limited"] == 100
+    # each INVITE of the flood is answered and reaped, rate-limited, or over its source's share
+    assert stats["half_open_reaped"] + stats["rate_limited"] + stats["pending_capped"] == 100
+    assert stats["half_open_reaped"] <= 2  # a quarter of max_calls (8): the rest never got a 200
     await _freed(srv, 3.0)
 
 
@@ -197,6 +199,28 @@ async def test_per_source_and_global_invite_limits_answer_503_with_retry_after(s
     assert second.status == 503  # within its own burst, but over the server's
     assert srv.stats()["rate"] == {"source": 1, "total": 1}
     peer.close()
+    other.close()
+
+
+async def test_one_source_holds_at_most_its_share_of_unacked_calls(serve):
+    """A quarter of max_calls (2 of 8) answered-but-not-ACKed calls per source: its next INVITE is
+    refused (503 + Retry-After) instead of evicting other callers' pending calls."""
+    generous = RateConfig(per_source=600, source_burst=20, total=6000, total_burst=100)
+    srv = await serve(max_calls=8, ack_timeout_s=30.0, limit_loopback=True, rate=generous)
+    flood = PeerAt(srv.address, "127.0.0.2")
+    statuses = []
+    for _ in range(3):
+        flood.to_tag = ""
+        _, final = await flood.invite(sdp_offer(4000, address="127.0.0.2"))
+        statuses.append(final.status)
+        flood.call_id = secrets.token_hex(8) + "@test"
+    assert statuses == [200, 200, 503]
+    assert final.get("Retry-After") == "30"  # the ACK deadline: by then a place is free
+    assert srv.stats()["pending"] == 2 and srv.stats()["pending_capped"] == 1
+    other = PeerAt(srv.address, "127.0.0.3")
+    _, elsewhere = await other.invite(sdp_offer(4000, address="127.0.0.3"))
+    assert elsewhere.status == 200 and srv.stats()["pending"] == 3 and srv.stats()["pending_evicted"] == 0
+    flood.close()
     other.close()
 
 

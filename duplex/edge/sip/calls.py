@@ -13,6 +13,7 @@ that never ACK locks no caller out.
 from __future__ import annotations
 
 import asyncio
+import math
 import logging
 
 from duplex.edge.phone.bridge import AgentFactory, Reserve
@@ -86,6 +87,12 @@ class CallHandling:
                                          headers=[("Retry-After", str(limited.retry_after))])
             return
         if not self._authorised(context, transaction):
+            return
+        if self.pending.source_full(context.addr[0]):
+            server.guard.refusals.note("pending_capped", f"INVITE from {context.addr[0]}: its share of "
+                                                         "unanswered calls is taken")
+            server.respond(context.request, transaction, 503, reason="Too Many Unconfirmed Calls",
+                           headers=[("Retry-After", str(max(1, math.ceil(server.config.ack_timeout_s))))])
             return
         if not self.sessions.room_for_one_more():
             server.counters["busy"] += 1

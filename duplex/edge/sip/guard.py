@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 class SipGuard:
     def __init__(self, config: SipConfig, counters: collections.Counter[str]) -> None:
-        self.rate = CallRate(config.rate, "sip")
+        self.rate = CallRate(config.rate, "sip", max_sessions=config.max_calls)
         self.limit_loopback = config.limit_loopback
         # how often a refused source hears why: a flood past its rate is mostly dropped unanswered
         self.refusal_replies = CallRate(RateConfig(

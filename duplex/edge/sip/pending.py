@@ -14,6 +14,7 @@ import ipaddress
 import logging
 from collections.abc import Callable
 
+from duplex.edge.rate import exempt, source_of
 from duplex.edge.sip.context import CallTable
 from duplex.edge.sip.dialog import CallState, SipCall
 from duplex.edge.sip.headers import parse_uri
@@ -33,6 +34,17 @@ class PendingCalls:
 
     def count(self) -> int:
         return len(self._pending())
+
+    def source_full(self, host: str) -> bool:
+        """Does ``host``'s source already hold its share of the calls not yet ACKed (``rate.
+        pending_share`` of ``max_calls``)? Then its next INVITE is refused, so one address can
+        neither fill the table nor evict other callers' pending calls."""
+        config = self._calls.server.config
+        if exempt(host, config.limit_loopback):
+            return False
+        source = source_of(host)
+        held = sum(source_of(call.peer[0]) == source for call in self._pending())
+        return held >= config.rate.pending_cap(config.max_calls)
 
     def make_room(self) -> None:
         """Before a new call is answered: the oldest pending call goes if the table is full."""
