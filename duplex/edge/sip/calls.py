@@ -13,8 +13,8 @@ that never ACK locks no caller out.
 from __future__ import annotations
 
 import asyncio
-import math
 import logging
+import math
 
 from duplex.edge.phone.bridge import AgentFactory, Reserve
 from duplex.edge.sip.access import AuthResult
