@@ -57,6 +57,9 @@ async def test_half_open_webrtc_offers_from_one_address_are_capped_and_others_st
         assert int(refused.headers["Retry-After"]) >= 1 and "not connected" in refused.json()["error"]["message"]
         pending = (await _edge(server.url, "webrtc"))["rate"]["pending"]
         assert pending["pending"] == CAP and pending["refused"] >= 1
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+            metrics = (await http.get("/metrics")).text
+        assert 'duplex_calls_refused_total{door="webrtc",reason="pending_capped"} 1.0' in metrics
 
         caller = RealtimeClient(server.url, local_address="127.0.0.3")  # a real caller, elsewhere
         try:

@@ -5,6 +5,7 @@ owner-only recordings API (``/v1/recordings``)."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import httpx
 import pytest
@@ -74,8 +75,9 @@ async def test_a_later_session_update_starts_the_recording_and_may_stop_it(on_re
         assert recorded(await caller.wait("session.updated")) is True
         assert (folder / f"{session_id}.wav").exists()
         updated = len(caller.of_type("session.updated"))
+        asked_off = time.monotonic()  # what answers it arrives after this, the first update before
         await update(caller, False, "ev_off")  # asked for, so the client may turn it off
-        await caller.wait("session.updated", after=caller.time_of(caller.of_type("session.updated")[-1]))
+        await caller.wait("session.updated", after=asked_off)
         assert len(caller.of_type("session.updated")) == updated + 1
         assert recorded(caller.of_type("session.updated")[-1]) is False
         assert not [e for e in caller.of_type("error") if e.event_id == "ev_off"]

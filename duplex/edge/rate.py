@@ -90,9 +90,12 @@ class _Bucket:
 
 
 class RateLimited(Exception):
-    def __init__(self, message: str, retry_after_s: float) -> None:
+    """``pending``: refused for the source's calls not yet connected, not for its rate."""
+
+    def __init__(self, message: str, retry_after_s: float, pending: bool = False) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.pending = pending
 
     @property
     def retry_after(self) -> int:
@@ -171,7 +174,7 @@ class PendingCalls:
         if held >= self.cap:
             self.refused += 1
             raise RateLimited(f"this address already has {held} {self.door} calls that have not connected "
-                              f"(at most {self.cap}); try again when they have", self.retry_after_s)
+                              f"(at most {self.cap}); try again when they have", self.retry_after_s, pending=True)
         self._held[source] = held + 1
         return Pending(self, source)
 

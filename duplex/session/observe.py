@@ -28,6 +28,8 @@ class Refusal(str, enum.Enum):
     OVERLOADED = "overloaded"  # taking it would push turn latency past the budget (admission by load)
     STAGE_DOWN = "stage_down"  # a stage of the pipeline is down: the call could not be served
     MEDIA_DOWN = "media_down"  # no media worker could carry the call (one died or is starting again)
+    RATE_LIMITED = "rate_limited"  # its source, or everyone, started too many calls lately
+    PENDING_CAPPED = "pending_capped"  # its source already holds its share of calls not yet connected
     # (a request without the API key never reaches a door: the edge's access check counts it,
     # ``duplex_auth_refused_total``)
 

@@ -37,6 +37,7 @@ from duplex.edge.realtime_ws.door import REALTIME_PATH, RealtimeDoor, refuse_rat
 from duplex.edge.webrtc.gateway import WebRTCGateway, split_path_id
 from duplex.edge.webrtc.offer import OfferError
 from duplex.session.manager import SessionManager, SessionsFull
+from duplex.session.observe import Refusal
 from duplex.session.port import VoiceRuntime
 from duplex.session.protocol import apply_settings
 from duplex.session.realtime import events as ev
@@ -94,6 +95,7 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
         try:
             pending = admissions["websocket"].admit(_source(websocket))
         except RateLimited as exc:
+            sessions.refused("websocket", _refusal_reason(exc))
             access.release(credential)
             await refuse_rate_limited(websocket, exc)
             return
@@ -145,6 +147,7 @@ def create_app(runtime: VoiceRuntime, sessions: SessionManager, gateway: WebRTCG
         try:
             pending = admissions["webrtc"].admit(_source(request))
         except RateLimited as exc:
+            sessions.refused("webrtc", _refusal_reason(exc))
             access.release(credential)  # refused: a client secret is not spent on it
             return _refusal(exc)
         try:
@@ -228,6 +231,10 @@ def _refusal(exc: RateLimited | SignallingError | SessionsFull | OfferError) -> 
     if isinstance(exc, SessionsFull):
         return _error(503, str(exc), "server_busy", {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
     return _error(400, str(exc))
+
+
+def _refusal_reason(limited: RateLimited) -> Refusal:
+    return Refusal.PENDING_CAPPED if limited.pending else Refusal.RATE_LIMITED
 
 
 def _source(request: Request | WebSocket) -> str:
