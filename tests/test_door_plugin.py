@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
 import numpy as np
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
@@ -23,7 +21,7 @@ from duplex.audio import SESSION_RATE
 from duplex.cli import main
 from duplex.edge.plugin import DoorContext, DoorError, build_doors
 from duplex.session.pacing import FramePacer
-from duplex_tools.harness import ServerProcess, espeak
+from duplex_tools.harness import ServerProcess, espeak, server_stats, wait_stats
 from tests.doors.raw_pcm import PATH, TRANSPORT, RawPcmDoor
 
 LOUD = 1000  # int16 RMS of a frame that counts as speech
@@ -39,22 +37,6 @@ def server():
         proc.ws = proc.url.replace("http://", "ws://") + PATH
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
-
-
-def _stats(url: str) -> dict:
-    reply = httpx.get(f"{url}/duplex/stats", headers=AUTH, timeout=10)
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
-async def _wait_stats(url: str, accept: Callable[[dict], bool], timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        current = await asyncio.to_thread(_stats, url)
-        if accept(current):
-            return current
-        assert time.monotonic() < deadline, f"stats never settled: {current}"
-        await asyncio.sleep(0.1)
 
 
 def _door_idle(current: dict) -> bool:
@@ -147,7 +129,7 @@ async def test_the_plugin_door_answers_a_spoken_question(server):
         assert caller.pacer.reanchors == 0, "the test caller could not keep time; the run proves nothing"
     finally:
         await caller.hang_up()
-    current = await _wait_stats(server.url, _door_idle)
+    current = await wait_stats(server.url, _door_idle, headers=AUTH)
     door = current["edges"][TRANSPORT]
     assert door["connected"] >= 1 and door["frames_sent"] > 0, door
 
@@ -187,7 +169,7 @@ async def test_an_interruption_clears_and_silences_the_agent(server):
         assert not any(r.loud for r in while_interrupting), "agent audio kept coming after the clear"
     finally:
         await caller.hang_up()
-    current = await _wait_stats(server.url, _door_idle)
+    current = await wait_stats(server.url, _door_idle, headers=AUTH)
     assert current["edges"][TRANSPORT]["clears_sent"] >= 1
 
 
@@ -196,7 +178,7 @@ async def test_the_plugin_door_sits_behind_the_api_key(server):
     with pytest.raises(InvalidStatus) as refused:
         await connect(server.ws)
     assert refused.value.response.status_code == 401
-    assert _door_idle(await asyncio.to_thread(_stats, server.url))
+    assert _door_idle(await asyncio.to_thread(server_stats, server.url, AUTH))
 
 
 @pytest.mark.parametrize(("spec", "said"), [

@@ -22,14 +22,13 @@ import socket
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
 from duplex.edge.media import g711
 from duplex.edge.media.rtp import RtpPacket, parse_rtp
 from duplex.session.pacing import FramePacer
-from duplex_tools.harness import ServerProcess, espeak
+from duplex_tools.harness import ServerProcess, espeak, server_stats, wait_stats
 from tests.sip_helpers import RtpPhone, SipPeer, answer_port, sdp_offer
 from tests.twilio_client import TwilioPeer
 
@@ -51,20 +50,6 @@ def server():
         proc.ws = proc.url.replace("http://", "ws://") + "/twilio/media-stream"
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
-
-
-def _stats(url: str) -> dict:
-    return httpx.get(f"{url}/duplex/stats", timeout=10).json()
-
-
-async def _wait_stats(url: str, accept, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        current = await asyncio.to_thread(_stats, url)
-        if accept(current):
-            return current
-        assert time.monotonic() < deadline, f"stats never settled: {current}"
-        await asyncio.sleep(0.1)
 
 
 def _nothing_left(current: dict) -> bool:
@@ -162,7 +147,7 @@ async def test_sipp_call_gets_a_spoken_answer(server, tmp_path, codec):
     loud = np.flatnonzero(rms > LOUD)
     assert len(loud) * 0.02 > 1.5, f"only {len(loud) * 0.02:.2f} s of agent speech came back"
     assert loud[0] > question_frames  # it answered after the question, as a turn
-    await _wait_stats(server.url, _nothing_left)
+    await wait_stats(server.url, _nothing_left)
 
 
 async def test_sipp_barge_in_silences_the_agent(server, tmp_path):
@@ -175,7 +160,7 @@ async def test_sipp_barge_in_silences_the_agent(server, tmp_path):
     async def watch_sessions(capture: Capture) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            sessions = (await asyncio.to_thread(_stats, server.url))["sessions"]["sessions"]
+            sessions = (await asyncio.to_thread(server_stats, server.url))["sessions"]["sessions"]
             live = [s for s in sessions.values() if s["transport"] == "sip"]
             if live and live[0]["barge_ins"] >= 1:
                 barge_in_stats.append(live[0])
@@ -206,7 +191,7 @@ async def test_sipp_barge_in_silences_the_agent(server, tmp_path):
     assert stop_ms < 600
     quiet = rms[(times > silent_at) & (times < onset + len(interruption) / 8000)]
     assert np.all(quiet < LOUD), "agent audio came back while the caller was still talking"
-    await _wait_stats(server.url, _nothing_left)
+    await wait_stats(server.url, _nothing_left)
 
 
 async def test_sipp_options_ping_and_unknown_method(server, tmp_path):
@@ -228,13 +213,13 @@ async def test_sipp_options_ping_and_unknown_method(server, tmp_path):
         sock.sendto(b"\x00\x01garbage", (host, port))
     finally:
         sock.close()
-    current = await asyncio.to_thread(_stats, server.url)
+    current = await asyncio.to_thread(server_stats, server.url)
     assert current["edges"]["sip"]["malformed"] >= 1
     assert current["edges"]["sip"]["internal_errors"] == 0
 
 
 def _live_sip_session(url: str) -> tuple[dict, dict]:
-    current = _stats(url)
+    current = server_stats(url)
     live = [v for v in current["sessions"]["sessions"].values() if v["transport"] == "sip"]
     assert live, "no live SIP session"
     return live[0], current["edges"]["sip"]["active"]
@@ -286,7 +271,7 @@ async def test_phone_echo_does_not_interrupt_the_agent(server):
             await peer.next(status=200)
         await phone.close()
         peer.close()
-    await _wait_stats(server.url, _nothing_left)
+    await wait_stats(server.url, _nothing_left)
 
 
 def _speech(text: str) -> np.ndarray:
@@ -307,7 +292,7 @@ async def test_twilio_question_gets_a_spoken_answer(server):
         assert not peer.of("clear")
         await peer.stop()
         await peer.wait_for(lambda: peer.closed is not None, what="server closing the stream")
-    await _wait_stats(server.url, _nothing_left)
+    await wait_stats(server.url, _nothing_left)
 
 
 async def test_twilio_interruption_clears_the_callers_queue(server):
@@ -335,5 +320,5 @@ async def test_twilio_interruption_clears_the_callers_queue(server):
         await peer.stream(np.zeros(8000, np.int16), pacer)
         await peer.stop()
         await peer.wait_for(lambda: peer.closed is not None, what="server closing the stream")
-    current = await _wait_stats(server.url, _nothing_left)
+    current = await wait_stats(server.url, _nothing_left)
     assert current["edges"]["twilio"]["clears_sent"] >= 1

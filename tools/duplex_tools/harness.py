@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -10,9 +11,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import wave
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from duplex.audio import resample
@@ -121,3 +125,23 @@ def write_wav(path: str | Path, samples: np.ndarray, rate: int) -> None:
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+
+
+def server_stats(url: str, headers: dict[str, str] | None = None) -> dict:
+    """``GET /duplex/stats`` of a running server (asserting it answered)."""
+    reply = httpx.get(f"{url}/duplex/stats", headers=headers, timeout=10)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+async def wait_stats(url: str, accept: Callable[[dict], bool], timeout: float = 10.0,
+                     headers: dict[str, str] | None = None) -> dict:
+    """``GET /duplex/stats`` until ``accept`` says yes (returns those stats); fails after ``timeout``
+    naming what it last saw."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await asyncio.to_thread(server_stats, url, headers)
+        if accept(current):
+            return current
+        assert time.monotonic() < deadline, f"stats never settled: {current}"
+        await asyncio.sleep(0.1)

@@ -61,17 +61,18 @@ def add_recording_routes(app: FastAPI, store: RecordingStore, access: Access) ->
     def sees(credential: Credential, info: RecordingInfo) -> bool:
         return credential.kind in ("key", "open") or info.owner == owner_of(credential)
 
-    def own(request: Request, recording_id: str) -> tuple[RecordingInfo | None, Response | None]:
+    def own(request: Request, recording_id: str) -> RecordingInfo | Response:
+        """The caller's recording, or the refusal to send instead."""
         refused = refusal(request)
         if refused is not None:
-            return None, refused
+            return refused
         if not _ID.fullmatch(recording_id):
-            return None, _error(400, "invalid_recording_id", "a recording id is letters, digits, _ . - "
-                                                             "(as GET /v1/recordings lists them)")
+            return _error(400, "invalid_recording_id", "a recording id is letters, digits, _ . - "
+                                                       "(as GET /v1/recordings lists them)")
         info = store.find(recording_id)
         if info is None or not sees(_credential(request), info):  # another's answers as a missing one
-            return None, _error(404, "recording_not_found", f"no recording {recording_id!r}")
-        return info, None
+            return _error(404, "recording_not_found", f"no recording {recording_id!r}")
+        return info
 
     @app.get(RECORDINGS_PATH)
     async def list_recordings(request: Request) -> Response:
@@ -84,23 +85,23 @@ def add_recording_routes(app: FastAPI, store: RecordingStore, access: Access) ->
 
     @app.get(RECORDINGS_PATH + "/{recording_id}")
     async def get_recording(recording_id: str, request: Request) -> Response:
-        info, refused = own(request, recording_id)
-        if info is None:
-            return refused or _error(404, "recording_not_found", recording_id)
+        info = own(request, recording_id)
+        if isinstance(info, Response):
+            return info
         return FileResponse(store.wav(info.id), media_type="audio/wav", filename=f"{info.id}.wav")
 
     @app.get(RECORDINGS_PATH + "/{recording_id}/events")
     async def get_events(recording_id: str, request: Request) -> Response:
-        info, refused = own(request, recording_id)
-        if info is None:
-            return refused or _error(404, "recording_not_found", recording_id)
+        info = own(request, recording_id)
+        if isinstance(info, Response):
+            return info
         return FileResponse(store.events(info.id), media_type="application/jsonl", filename=f"{info.id}.jsonl")
 
     @app.delete(RECORDINGS_PATH + "/{recording_id}")
     async def delete_recording(recording_id: str, request: Request) -> Response:
-        info, refused = own(request, recording_id)
-        if info is None:
-            return refused or _error(404, "recording_not_found", recording_id)
+        info = own(request, recording_id)
+        if isinstance(info, Response):
+            return info
         store.delete(info.id)
         return Response(status_code=204)
 
