@@ -340,8 +340,8 @@ class CallHandling:
 
     def _send_bye(self, call: SipCall) -> None:
         host, port = self.server.contact_address
-        request, branch = call.build_request("BYE", host, port)
-        self.server.send_request(request.serialize(), branch, in_dialog_destination(call))
+        request, _ = call.build_request("BYE", host, port)
+        self.server.send_request(request, in_dialog_destination(call))
         self.server.counters["byes_sent"] += 1
 
     def schedule_end(self, call: SipCall, reason: str) -> None:

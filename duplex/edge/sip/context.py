@@ -5,11 +5,13 @@ modules importing each other."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from duplex.edge.phone.bridge import AgentFactory, Reserve
 from duplex.edge.sip.access import AccessPolicy
+from duplex.edge.sip.client_transactions import ClientTransaction, ClientTransactions, ResponseHandler
 from duplex.edge.sip.config import SipConfig
 from duplex.edge.sip.dialog import SipCall
 from duplex.edge.sip.guard import SipGuard
@@ -41,6 +43,7 @@ class SignallingServer(Protocol):
     policy: AccessPolicy
     counters: collections.Counter[str]
     transactions: TransactionTable
+    client: ClientTransactions
     guard: SipGuard
 
     @property
@@ -50,7 +53,8 @@ class SignallingServer(Protocol):
                 to_tag: str = "", headers: list[tuple[str, str]] | None = None,
                 body: bytes = b"", reason: str = "", send: bool = True) -> bytes: ...
 
-    def send_request(self, payload: bytes, branch: str, addr: Address) -> None: ...
+    def send_request(self, request: SipRequest, addr: Address, on_response: ResponseHandler | None = None,
+                     on_timeout: Callable[[], None] | None = None) -> ClientTransaction: ...
 
     def send_raw(self, payload: bytes, addr: Address) -> None: ...
 

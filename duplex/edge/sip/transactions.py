@@ -2,7 +2,7 @@
 
 Server side: a request's final response is kept for 64*T1 and re-sent when the request is
 retransmitted; an INVITE's final response is itself retransmitted (T1, 2*T1 ... capped at T2)
-until its ACK arrives. Client side: our requests (BYE) are retransmitted until answered.
+until its ACK arrives. The client side (our requests) is ``client_transactions``.
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ def server_key(request: SipRequest, via: Via) -> TransactionKey:
 
 
 class Retransmitter:
-    """Calls ``send`` now, then after T1, 2*T1, 4*T1 ... (capped at T2) until ``stop``;
-    after 64*T1 (or ``limit_s``, if given) calls ``on_give_up`` instead."""
+    """Calls ``send`` now, then after T1, 2*T1, 4*T1 ... (capped at T2, or ``cap``) until
+    ``stop``; after 64*T1 (or ``limit_s``, if given) calls ``on_give_up`` instead."""
 
     def __init__(self, send: Callable[[], None], t1: float,
                  on_give_up: Callable[[], None] | None = None,
-                 limit_s: float | None = None) -> None:
+                 limit_s: float | None = None, cap: float | None = None) -> None:
         self._send = send
+        self._cap = T2_S if cap is None else cap
         self._t1 = t1
         self._limit_s = 64 * t1 if limit_s is None else limit_s
         self._on_give_up = on_give_up
@@ -60,7 +61,7 @@ class Retransmitter:
                 self._on_give_up()
             return
         self._send()
-        self._interval = min(self._interval * 2, T2_S)
+        self._interval = min(self._interval * 2, self._cap)
         self._schedule()
 
     @property
@@ -89,7 +90,6 @@ class TransactionTable:
     send: Callable[[bytes, Address], None]
     t1: float
     server: dict[TransactionKey, ServerTransaction] = field(default_factory=dict)
-    client: dict[str, Retransmitter] = field(default_factory=dict)
 
     def open(self, key: TransactionKey, addr: Address) -> ServerTransaction:
         transaction = ServerTransaction(key, addr)
@@ -133,32 +133,9 @@ class TransactionTable:
         if transaction.expiry is not None:
             transaction.expiry.cancel()
 
-    def request(self, branch: str, payload: bytes, addr: Address,
-                on_give_up: Callable[[], None] | None = None) -> None:
-        """Send our request and retransmit it until ``answered(branch)`` (timers E/F)."""
-
-        def give_up() -> None:
-            self.client.pop(branch, None)
-            if on_give_up is not None:
-                on_give_up()
-
-        self.client[branch] = Retransmitter(lambda: self.send(payload, addr), self.t1, give_up)
-
-    def answered(self, branch: str, status: int) -> bool:
-        retransmitter = self.client.get(branch)
-        if retransmitter is None:
-            return False
-        if status >= 200:
-            retransmitter.stop()
-            del self.client[branch]
-        return True
-
     def close(self) -> None:
         for key in list(self.server):
             self.forget(key)
-        for retransmitter in self.client.values():
-            retransmitter.stop()
-        self.client.clear()
 
     def _expire_later(self, transaction: ServerTransaction, delay: float) -> None:
         if transaction.expiry is not None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable
 
 from duplex.edge.phone.bridge import AgentFactory, Reserve
 from duplex.edge.sip.access import AccessPolicy
 from duplex.edge.sip.calls import CallHandling
+from duplex.edge.sip.client_transactions import ClientTransaction, ClientTransactions, ResponseHandler
 from duplex.edge.sip.config import SipConfig
 from duplex.edge.sip.context import RequestContext
 from duplex.edge.sip.dialog import ALLOW, REASONS, build_response
@@ -74,6 +76,7 @@ class SipServer:
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self.guard = SipGuard(config, self.counters)
         self.transactions = TransactionTable(self.send_raw, config.t1_ms / 1000)
+        self.client = ClientTransactions(self.send_raw, config.t1_ms / 1000)
         self.calls = CallHandling(self, agent_factory, reserve)
         self._transport: asyncio.DatagramTransport | None = None
 
@@ -96,13 +99,14 @@ class SipServer:
     async def stop(self) -> None:
         await self.calls.close_all()
         self.transactions.close()
+        self.client.close()
         if self._transport is not None:
             self._transport.close()
             self._transport = None
 
     def stats(self) -> dict:
         return {**self.calls.stats(), "server_transactions": len(self.transactions.server),
-                "client_transactions": len(self.transactions.client), **self.counters,
+                "client_transactions": len(self.client), **self.counters,
                 **self.guard.stats()}
 
     # -- datagrams in -------------------------------------------------------------------------
@@ -201,11 +205,7 @@ class SipServer:
                      headers=[("Allow", ALLOW), ("Accept", "application/sdp")])
 
     def _on_response(self, response: SipResponse) -> None:
-        try:
-            branch = parse_via(response.get("Via") or "").branch
-        except SipParseError:
-            branch = ""
-        if not self.transactions.answered(branch, response.status):
+        if not self.client.received(response):
             self._drop("stray_responses", f"{response.status} {response.reason}")
 
     # -- datagrams out ------------------------------------------------------------------------
@@ -249,8 +249,10 @@ class SipServer:
             return
         self.send_raw(payload, addr)
 
-    def send_request(self, payload: bytes, branch: str, addr: Address) -> None:
-        self.transactions.request(branch, payload, addr)
+    def send_request(self, request: SipRequest, addr: Address, on_response: ResponseHandler | None = None,
+                     on_timeout: Callable[[], None] | None = None) -> ClientTransaction:
+        """Our request as a client transaction (``client_transactions``)."""
+        return self.client.start(request, addr, on_response, on_timeout)
 
     def send_raw(self, payload: bytes, addr: Address) -> None:
         if not self.guard.may_send(addr, len(payload)):
