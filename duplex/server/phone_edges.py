@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from duplex.edge.door_args import call_rate_fields
 from duplex.edge.plugin import DoorFactory
 from duplex.edge.rate import RateConfig
-from duplex.edge.sip.config import SipConfig
+from duplex.edge.sip.config import OutboundConfig, SipConfig
 from duplex.edge.sip.door import sip_door
 from duplex.edge.twilio.config import TwilioLimits
 from duplex.edge.twilio.door import twilio_door
@@ -43,6 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "budget (your trunk, your SBC; repeatable)")
     group.add_argument("--sip-ack-timeout-s", type=float, default=4.0,
                        help="an answered INVITE not ACKed by then is dropped (default 4)")
+    group.add_argument("--sip-outbound-allow", metavar="PATTERN", action="append", default=[],
+                       help="targets POST /v1/calls/outbound may call: shell-style patterns on the SIP URI, "
+                            "e.g. 'sip:*@10.0.0.7:5060' (repeatable; default: none, no outbound calls)")
+    group.add_argument("--sip-trunk", metavar="HOST:PORT",
+                       help="send placed calls' INVITEs here (an outbound proxy / SIP trunk)")
+    group.add_argument("--sip-trunk-user", metavar="USER:PASSWORD",
+                       help="digest credentials answering the trunk's 401/407 challenge")
+    group.add_argument("--sip-outbound-max", type=int, default=2,
+                       help="placed calls live at once (default 2)")
+    group.add_argument("--sip-outbound-per-minute", type=int, default=10,
+                       help="placed calls started in any minute (default 10)")
+    group.add_argument("--sip-ring-timeout-s", type=float, default=30.0,
+                       help="a placed call not answered by then is cancelled (default 30)")
     group.add_argument("--twilio-media-timeout-s", type=float, default=10.0,
                        help="a Twilio stream without media (or without a start) for this long is "
                             "closed (default 10)")
@@ -62,10 +75,18 @@ def config_from_args(args: argparse.Namespace) -> PhoneConfig:
         sip = SipConfig(host=host.strip("[]"), port=int(port), auth_users=users,
                         advertise_host=args.sip_advertise, rtp_port_min=int(low),
                         rtp_port_max=int(high), budget_exempt=args.sip_trusted,
-                        ack_timeout_s=args.sip_ack_timeout_s, **extra, **_shared_limits(args))
+                        ack_timeout_s=args.sip_ack_timeout_s, outbound=_outbound(args), **extra,
+                        **_shared_limits(args))
     twilio = TwilioLimits(start_timeout_s=args.twilio_media_timeout_s,
                           media_timeout_s=args.twilio_media_timeout_s, **_shared_limits(args))
     return PhoneConfig(sip=sip, twilio=args.twilio, twilio_limits=twilio)
+
+
+def _outbound(args: argparse.Namespace) -> OutboundConfig:
+    user, password = _credential(args.sip_trunk_user, "--sip-trunk-user") if args.sip_trunk_user else (None, None)
+    return OutboundConfig(allow=args.sip_outbound_allow, trunk=args.sip_trunk, trunk_user=user,
+                          trunk_password=password, max_calls=args.sip_outbound_max,
+                          per_minute=args.sip_outbound_per_minute, ring_timeout_s=args.sip_ring_timeout_s)
 
 
 def _shared_limits(args: argparse.Namespace) -> dict:
@@ -81,10 +102,10 @@ def _shared_limits(args: argparse.Namespace) -> dict:
     return fields
 
 
-def _credential(value: str) -> tuple[str, str]:
+def _credential(value: str, option: str = "--sip-user") -> tuple[str, str]:
     user, colon, password = value.partition(":")
     if not colon or not user or not password:
-        raise ValueError(f"--sip-user wants USER:PASSWORD, got {value!r}")
+        raise ValueError(f"{option} wants USER:PASSWORD, got {value!r}")
     return user, password
 
 

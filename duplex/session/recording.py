@@ -11,8 +11,9 @@ from typing import Protocol
 from duplex.session.realtime.client_items import ClientTurn
 
 # how a short fixed text is asked of the pipeline: there is no verbatim "say" request in the
-# runtime contract, so the notice is a response whose instructions are to say it and nothing else
-NOTICE_INSTRUCTIONS = "Say exactly the following sentence and nothing else: {notice}"
+# runtime contract, so the notice (and an outbound call's first message) is a response whose
+# instructions are to say it and nothing else
+NOTICE_INSTRUCTIONS = "Say exactly the following and nothing else: {notice}"
 
 
 class RecordingRefused(Exception):
@@ -91,9 +92,13 @@ class _Speaker(Protocol):  # a VoiceSession (which imports this module)
     def request_response(self, client: ClientTurn | None = None) -> None: ...
 
 
-def speak_notice(session: _Speaker) -> None:
+def speak_notice(session: _Speaker, then: str = "") -> None:
     """A recorded call on a door with no event channel says so before anything else: a response
-    of its own, asked of the pipeline as a client's ``response.create`` with instructions is."""
+    of its own, asked of the pipeline as a client's ``response.create`` with instructions is.
+    ``then``: a line said right after it in the same response (an outbound call's first message:
+    one response, as a second one asked while the first plays would be refused)."""
     switch = session.recording.switch
-    if switch.active and switch.notice:
-        session.request_response(ClientTurn(instructions=NOTICE_INSTRUCTIONS.format(notice=switch.notice)))
+    notice = switch.notice if switch.active else ""
+    text = " ".join(line for line in (notice, then.strip()) if line)
+    if text:
+        session.request_response(ClientTurn(instructions=NOTICE_INSTRUCTIONS.format(notice=text)))

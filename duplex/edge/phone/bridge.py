@@ -13,6 +13,17 @@ from typing import Protocol
 
 import numpy as np
 
+from duplex.session.realtime.events import SessionSettings
+
+
+@dataclass(frozen=True)
+class CallOpening:
+    """How a call we placed starts its conversation: the settings the API caller gave (checked
+    when the call was asked for) and the line the agent says as soon as the callee answers."""
+
+    settings: SessionSettings | None = None
+    first_message: str = ""
+
 
 @dataclass(frozen=True)
 class CallInfo:
@@ -23,6 +34,7 @@ class CallInfo:
     caller: str
     callee: str
     extra: dict[str, str] = field(default_factory=dict)
+    opening: CallOpening | None = None  # an outbound call's own settings; None: the server's
 
 
 class CallAgent(Protocol):

@@ -13,7 +13,9 @@ from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, 
 from duplex.session.door import AudioClear
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.playout import OutputFormat
+from duplex.session.protocol import apply_settings
 from duplex.session.realtime import events as ev
+from duplex.session.realtime.tools import parse_tools
 from duplex.session.recording import speak_notice
 
 PHONE_OUTPUT = OutputFormat(sample_rate=8000, channels=1, frame_ms=20)
@@ -32,8 +34,15 @@ class SessionCallAgent:
         self._barge_in_listener: Callable[[], None] | None = None
         self.digits: list[str] = []
         self.transport, self.output = info.transport, PHONE_OUTPUT  # the session's door (session/door.py)
-        self.session = sessions.open(self, call_id=info.call_id)
-        speak_notice(self.session)  # a phone has no session.created to say it: a recorded call says so first
+        settings = info.opening.settings if info.opening is not None else None
+        # an outbound call's settings were checked when it was asked for (``opening_errors``)
+        self.session = sessions.open(self, apply_settings(sessions.config, settings) if settings else None,
+                                     call_id=info.call_id)
+        if settings is not None:
+            self.session.tools.configure(*parse_tools(settings, []))
+        # a phone has no session.created to say it: a recorded call says so first, then the
+        # outbound call's first message
+        speak_notice(self.session, info.opening.first_message if info.opening is not None else "")
 
     def caller_audio(self, pcm: np.ndarray, arrival: float) -> None:
         self.session.push_input(pcm, arrival)
@@ -59,6 +68,16 @@ class SessionCallAgent:
     def deliver(self, event: ev.ServerEvent) -> None:
         if self._observer is not None:
             self._observer(self.info, event)
+
+
+def opening_errors(sessions: SessionManager, settings: ev.SessionSettings) -> str | None:
+    """What is wrong with an outbound call's session settings (None: they apply)."""
+    try:
+        apply_settings(sessions.config, settings)
+        parse_tools(settings, [])
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def session_agents(sessions: SessionManager, observer: EventObserver | None = None) -> AgentFactory:

@@ -8,6 +8,9 @@ A call takes its agent (a session slot) only when its 200 OK is ACKed: until the
 pending, holds an RTP port and a dialog entry, and is dropped after ``ack_timeout_s`` or when
 ``max_pending_calls`` newer INVITEs need the room (``pending``), so a flood of INVITEs
 that never ACK locks no caller out.
+
+One file: a call's life from INVITE to its end (and a placed call's, ``adopt``ed once answered)
+reads top to bottom here; its helpers (``pending``, ``session``, ``outbound``) sit beside it.
 """
 
 from __future__ import annotations
@@ -214,6 +217,14 @@ class CallHandling:
             lambda: server.send_raw(payload, addr), server.transactions.t1,
             on_give_up=on_give_up, limit_s=limit_s)
 
+    def adopt(self, call: SipCall) -> None:
+        """A call we placed was answered and ACKed (``outbound``): from now on it is a call like
+        any other, its media counted here, its session opened as for an ACKed inbound call."""
+        self.active[call.call_id] = call
+        self._open_media += 1
+        call.state = CallState.ANSWERED
+        self.sessions.confirm(call)
+
     # -- re-INVITE ------------------------------------------------------------------------------
 
     def _on_reinvite(self, context: RequestContext, transaction: ServerTransaction) -> None:
@@ -376,6 +387,8 @@ class CallHandling:
                 log.exception("call %s: closing its agent failed", call.call_id)
             self.sessions.open_agents -= 1
         log.info("call %s ended: %s", call.call_id, reason)
+        if call.on_ended is not None:
+            call.on_ended(reason)
 
     async def close_all(self) -> None:
         for call_id in list(self.active):

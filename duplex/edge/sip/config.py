@@ -4,9 +4,33 @@ from __future__ import annotations
 
 import ipaddress
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 from duplex.edge.rate import RateConfig
+
+
+class OutboundConfig(BaseModel):
+    """Calls duplex places (``POST /v1/calls/outbound``). Off until ``allow`` names targets."""
+
+    # Targets that may be called: shell-style patterns on the target URI ("sip:*@10.0.0.7:5060",
+    # "sip:+4930*@trunk.example.com"). Empty: no outbound calls at all.
+    allow: list[str] = []
+    max_calls: int = Field(2, ge=0, le=1000)  # placed calls at once (ringing or answered)
+    per_minute: int = Field(10, ge=1, le=10_000)  # new placed calls in any 60 s
+    ring_timeout_s: float = Field(30.0, gt=0, le=300)  # unanswered by then: CANCEL
+    trunk: str | None = None  # "host:port" every INVITE goes to (an outbound proxy); None: the target's
+    trunk_user: str | None = None  # digest credentials for a trunk's 401/407 challenge
+    trunk_password: SecretStr | None = None
+    from_user: str = Field("duplex", pattern=r"^[A-Za-z0-9_.+\-]{1,64}$")  # the user part of our From
+
+    @field_validator("trunk")
+    @classmethod
+    def _valid_trunk(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"trunk wants HOST:PORT, got {value!r}")
+        return value
 
 
 class SipConfig(BaseModel):
@@ -42,6 +66,7 @@ class SipConfig(BaseModel):
     reply_allowance_bytes: int = Field(1024, ge=0, le=65536)
     refusal_replies: float = Field(6.0, gt=0)
     budget_exempt: list[str] = []  # CIDRs whose replies are not capped (your trunk, your SBC)
+    outbound: OutboundConfig = Field(default_factory=OutboundConfig)
 
     @field_validator("allow", "budget_exempt")
     @classmethod

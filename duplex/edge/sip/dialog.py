@@ -6,9 +6,10 @@ import asyncio
 import enum
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from duplex.edge.phone.bridge import CallAgent
+from duplex.edge.phone.bridge import CallAgent, CallOpening
 from duplex.edge.sip.headers import BRANCH_COOKIE, NameAddr, parse_name_addr
 from duplex.edge.sip.media import CallMedia
 from duplex.edge.sip.message import SipParseError, SipRequest, SipResponse
@@ -103,6 +104,8 @@ class SipCall:
     offer_in_ack: bool = False  # we offered in the 200 OK (INVITE without SDP)
     created: float = field(default_factory=time.monotonic)
     limit_timer: asyncio.TimerHandle | None = None  # the maximum call duration
+    opening: CallOpening | None = None  # a call we placed: its own session settings, first line
+    on_ended: Callable[[str], None] | None = None  # told the reason once the call is over
 
     @property
     def remote_tag(self) -> str:
@@ -112,9 +115,12 @@ class SipCall:
         """Is a request with these tags in this dialog? (the caller's tag is its From tag)"""
         return from_tag == self.remote_tag and to_tag == self.local_tag
 
-    def build_request(self, method: str, via_host: str, via_port: int) -> tuple[SipRequest, str]:
-        """An in-dialog request from us (BYE): our tag on From, theirs on To (§12.2.1.1)."""
-        self.local_cseq += 1
+    def build_request(self, method: str, via_host: str, via_port: int,
+                      cseq: int | None = None) -> tuple[SipRequest, str]:
+        """An in-dialog request from us (BYE, REFER; the 2xx ACK with its INVITE's ``cseq``):
+        our tag on From, theirs on To (§12.2.1.1)."""
+        if cseq is None:
+            self.local_cseq += 1
         branch = new_branch()
         request = SipRequest(method=method, uri=self.remote_target)
         request.add("Via", f"SIP/2.0/UDP {via_host}:{via_port};branch={branch};rport")
@@ -124,7 +130,7 @@ class SipCall:
         request.add("From", _name_addr(self.local, self.local_tag))
         request.add("To", _name_addr(self.remote, self.remote_tag))
         request.add("Call-ID", self.call_id)
-        request.add("CSeq", f"{self.local_cseq} {method}")
+        request.add("CSeq", f"{self.local_cseq if cseq is None else cseq} {method}")
         return request, branch
 
 

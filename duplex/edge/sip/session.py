@@ -44,8 +44,9 @@ class CallSessions:
 
     async def _attach_agent(self, call: SipCall) -> None:
         try:
+            caller, callee = (call.local, call.remote) if call.opening is not None else (call.remote, call.local)
             call.agent = await self._calls.agent_factory(CallInfo(
-                call.call_id, "sip", call.remote.uri, call.local.uri))
+                call.call_id, "sip", caller.uri, callee.uri, opening=call.opening))
         except AgentUnavailable as exc:  # taken by another door since the INVITE
             self._calls.server.counters["busy"] += 1
             log.warning("call %s: no session after its ACK: %s", call.call_id, exc)

@@ -32,6 +32,7 @@ from duplex.edge.sip.message import (
     SipResponse,
     parse_message,
 )
+from duplex.edge.sip.outbound import OutboundCalls
 from duplex.edge.sip.transactions import (
     Address,
     ServerTransaction,
@@ -78,6 +79,7 @@ class SipServer:
         self.transactions = TransactionTable(self.send_raw, config.t1_ms / 1000)
         self.client = ClientTransactions(self.send_raw, config.t1_ms / 1000)
         self.calls = CallHandling(self, agent_factory, reserve)
+        self.outbound = OutboundCalls(self, self.calls)
         self._transport: asyncio.DatagramTransport | None = None
 
     async def start(self) -> None:
@@ -97,6 +99,7 @@ class SipServer:
         return self.config.contact_host, self.address[1]
 
     async def stop(self) -> None:
+        await self.outbound.close()
         await self.calls.close_all()
         self.transactions.close()
         self.client.close()
@@ -106,7 +109,7 @@ class SipServer:
 
     def stats(self) -> dict:
         return {**self.calls.stats(), "server_transactions": len(self.transactions.server),
-                "client_transactions": len(self.client), **self.counters,
+                "client_transactions": len(self.client), "outbound": self.outbound.stats(), **self.counters,
                 **self.guard.stats()}
 
     # -- datagrams in -------------------------------------------------------------------------
@@ -130,7 +133,7 @@ class SipServer:
         if isinstance(message, SipResponse):
             self._on_response(message)
             return
-        if not self.policy.allowed(addr[0]):
+        if not self.policy.allowed(addr[0]) and not self._in_our_dialog(message):
             self._drop("denied", f"{message.method} from {addr[0]} (not in sip.allow)")
             if message.method != "ACK":
                 self.respond_stateless(message, addr, 403)
@@ -138,6 +141,12 @@ class SipServer:
         context = self._validate(message, addr)
         if context is not None:
             self._on_request(context)
+
+    def _in_our_dialog(self, request: SipRequest) -> bool:
+        """A request within a call we placed (the callee's BYE) passes ``sip.allow``, which is for
+        who may call in: the callee was chosen by the outbound allowlist."""
+        call = self.calls.active.get(request.get("Call-ID") or "")
+        return call is not None and call.opening is not None
 
     def _validate(self, request: SipRequest, addr: Address) -> RequestContext | None:
         try:
