@@ -303,7 +303,7 @@ class CallHandling:
         if call.state is CallState.EARLY:
             self._cancelled(call)
             return
-        self.schedule_end(call, "caller hung up")
+        self.schedule_end(call, "caller hung up" if call.opening is None else "callee hung up")
 
     def on_cancel(self, context: RequestContext, transaction: ServerTransaction) -> None:
         invite_key = (*context.key[:-1], "INVITE")

@@ -1,0 +1,208 @@
+"""A call placed through the API of one `duplex serve --sip --api-key` (toy-voice pipeline) on
+loopback, to a callee of the test's own: a raw SIP socket that rings, answers and later hangs
+up, and an RTP listener that times the agent's first message from the moment the 200 OK left.
+
+The API needs the key; a target outside the allowlist is refused with 403 and says why; bad
+session settings are refused with 400 before anything is dialled; after the call nothing is
+left (calls, RTP sockets, client transactions, sessions)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from duplex.edge.media import g711
+from duplex.edge.media.rtp import RtpPacket, parse_rtp
+from duplex.edge.sip.message import SipRequest, SipResponse, parse_message
+from duplex_tools.harness import ServerProcess, wait_stats
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+KEY = "outbound-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LOUD = 1000  # int16 RMS of a 20 ms frame that counts as speech
+FIRST_MESSAGE_BUDGET_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--max-sessions", "2", "--api-key", KEY,
+                        "--sip", "127.0.0.1:0", "--sip-rtp-ports", "47000-47999",
+                        "--sip-outbound-allow", "sip:*@127.0.0.1:*"]) as proc:
+        match = re.search(r"SIP on udp ([\d.]+):(\d+)", "".join(proc.output))
+        assert match, "".join(proc.output)
+        yield proc
+    assert proc.stop() == 0, "".join(proc.output[-30:])
+
+
+class Callee:
+    """A phone that is called: answers INVITEs on a real socket, listens to RTP on another."""
+
+    def __init__(self) -> None:
+        self.sip = _udp()
+        self.rtp = _udp()
+        self.packets: list[tuple[float, RtpPacket]] = []
+        self.ok_sent_at = 0.0
+        self.invite: SipRequest | None = None
+        self.tag = "callee1"
+
+    @property
+    def uri(self) -> str:
+        return f"sip:alice@127.0.0.1:{self.sip.getsockname()[1]}"
+
+    async def next_request(self, method: str, timeout: float = 10.0) -> tuple[SipRequest, tuple]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            data, addr = await asyncio.wait_for(loop.sock_recvfrom(self.sip, 65535), deadline - loop.time())
+            message = parse_message(data)
+            if isinstance(message, SipRequest) and message.method == method:
+                return message, addr
+
+    async def next_response(self, method: str, timeout: float = 10.0) -> SipResponse:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            data = await asyncio.wait_for(loop.sock_recv(self.sip, 65535), deadline - loop.time())
+            message = parse_message(data)
+            if isinstance(message, SipResponse) and (message.get("CSeq") or "").endswith(method):
+                return message
+
+    def respond(self, request: SipRequest, addr: tuple, status: int, reason: str, body: bytes = b"") -> None:
+        response = SipResponse(status=status, reason=reason)
+        for name in ("Via", "From", "Call-ID", "CSeq"):
+            for value in request.get_all(name):
+                response.add(name, value)
+        to = request.get("To") or ""
+        response.add("To", to if ";tag=" in to else f"{to};tag={self.tag}")
+        response.add("Contact", f"<{self.uri}>")
+        if body:
+            response.add("Content-Type", "application/sdp")
+            response.body = body
+        self.sip.sendto(response.serialize(), addr)
+
+    async def answer(self) -> tuple:
+        self.invite, addr = await self.next_request("INVITE")
+        self.respond(self.invite, addr, 180, "Ringing")
+        port = self.rtp.getsockname()[1]
+        sdp = ("v=0\r\no=alice 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+               f"m=audio {port} RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
+               "a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n").encode()
+        self.ok_sent_at = time.monotonic()
+        self.respond(self.invite, addr, 200, "OK", sdp)
+        await self.next_request("ACK")
+        return addr
+
+    async def listen(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            data = await loop.sock_recv(self.rtp, 2048)
+            self.packets.append((time.monotonic(), parse_rtp(data)))
+
+    def first_loud(self) -> float | None:
+        for arrival, packet in self.packets:
+            pcm = g711.decode(packet.payload, "PCMU").astype(np.float64)
+            if np.sqrt(np.mean(pcm ** 2)) > LOUD:
+                return arrival
+        return None
+
+    def hang_up(self, addr: tuple) -> None:
+        assert self.invite is not None
+        bye = SipRequest(method="BYE", uri=self.invite.get("Contact").strip("<>"))
+        bye.add("Via", f"SIP/2.0/UDP 127.0.0.1:{self.sip.getsockname()[1]};branch=z9hG4bKbye1;rport")
+        bye.add("Max-Forwards", "70")
+        bye.add("From", f"{self.invite.get('To')};tag={self.tag}")
+        bye.add("To", self.invite.get("From"))
+        bye.add("Call-ID", self.invite.get("Call-ID"))
+        bye.add("CSeq", "1 BYE")
+        self.sip.sendto(bye.serialize(), addr)
+
+    def close(self) -> None:
+        self.sip.close()
+        self.rtp.close()
+
+
+def _udp() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    return sock
+
+
+def _nothing_left(current: dict) -> bool:
+    sip = current["edges"]["sip"]
+    return (sip["calls"] == 0 and sip["rtp_sockets"] == 0 and sip["agents"] == 0
+            and sip["client_transactions"] == 0 and sip["outbound"]["live"] == 0
+            and current["sessions"]["live"] == 0)
+
+
+async def test_placed_call_says_its_first_message_within_a_second(server):
+    callee = Callee()
+    listener = asyncio.get_running_loop().create_task(callee.listen())
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+            ask = {"to": callee.uri, "first_message": "Hello, this is your appointment reminder.",
+                   "session": {"instructions": "You remind people of appointments."}}
+            refused = await http.post("/v1/calls/outbound", json=ask)
+            assert refused.status_code == 401  # the API key is required
+            placed = await http.post("/v1/calls/outbound", json=ask, headers=AUTH)
+            assert placed.status_code == 201, placed.text
+            call_id = placed.json()["id"]
+            assert placed.json()["state"] == "calling"
+            addr = await callee.answer()
+            await _wait(lambda: callee.first_loud() is not None, 10, "the first message on the wire")
+            delay = callee.first_loud() - callee.ok_sent_at
+            print(f"first message heard {delay * 1000:.0f} ms after the 200 OK")
+            assert delay < FIRST_MESSAGE_BUDGET_S
+            view = (await http.get(f"/v1/calls/outbound/{call_id}", headers=AUTH)).json()
+            assert view["state"] == "answered" and view["sip_status"] == 200
+            assert [e["type"] for e in view["events"]] == ["calling", "ringing", "answered"]
+            callee.hang_up(addr)
+            assert (await callee.next_response("BYE")).status == 200
+            view = await _wait_state(http, call_id, "ended")
+            assert view["events"][-1]["type"] == "ended"
+        # the INVITE's transaction absorbs retransmitted 200 OKs for 64*T1 (RFC 6026), then goes
+        await wait_stats(server.url, _nothing_left, 64 * 0.5 + 5, headers=AUTH)
+    finally:
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+        callee.close()
+
+
+async def test_refusals_name_what_was_wrong(server):
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        outside = await http.post("/v1/calls/outbound", json={"to": "sip:bob@192.0.2.1:5060"}, headers=AUTH)
+        assert outside.status_code == 403
+        assert outside.json()["error"]["code"] == "target_not_allowed"
+        assert "allowlist" in outside.json()["error"]["message"]
+        bad = await http.post("/v1/calls/outbound", headers=AUTH, json={
+            "to": "sip:bob@127.0.0.1:5999", "session": {"turn_detection": {"type": "shouting"}}})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_session_settings"
+        assert "shouting" in bad.json()["error"]["message"]
+        shape = await http.post("/v1/calls/outbound", headers=AUTH, json={"to": "sip:bob@127.0.0.1", "x": 1})
+        assert shape.status_code == 400 and shape.json()["error"]["code"] == "invalid_request"
+        missing = await http.get("/v1/calls/outbound/out_nothing", headers=AUTH)
+        assert missing.status_code == 404
+    await wait_stats(server.url, _nothing_left, 10, headers=AUTH)
+
+
+async def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def _wait_state(http: httpx.AsyncClient, call_id: str, state: str) -> dict:
+    deadline = time.monotonic() + 10
+    while True:
+        view = (await http.get(f"/v1/calls/outbound/{call_id}", headers=AUTH)).json()
+        if view["state"] == state:
+            return view
+        assert time.monotonic() < deadline, f"call never {state}: {view}"
+        await asyncio.sleep(0.05)
