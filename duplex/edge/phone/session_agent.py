@@ -30,8 +30,9 @@ class SessionCallAgent:
         self._sessions = sessions
         self._observer = observer
         self._barge_in_listener: Callable[[], None] | None = None
-        self.digits: list[str] = []
         self.transport, self.output = info.transport, PHONE_OUTPUT  # the session's door (session/door.py)
+        self.control = info.control
+        self.digits: list[str] = []
         self.session = sessions.open(self, call_id=info.call_id)
         speak_notice(self.session)  # a phone has no session.created to say it: a recorded call says so first
 

@@ -9,6 +9,7 @@ import logging
 
 from duplex.edge.phone.bridge import AgentUnavailable, CallInfo
 from duplex.edge.sip.context import CallTable
+from duplex.edge.sip.control import SipCallControl
 from duplex.edge.sip.dialog import CallState, SipCall
 from duplex.edge.sip.pending import in_dialog_destination
 
@@ -45,7 +46,7 @@ class CallSessions:
     async def _attach_agent(self, call: SipCall) -> None:
         try:
             call.agent = await self._calls.agent_factory(CallInfo(
-                call.call_id, "sip", call.remote.uri, call.local.uri))
+                call.call_id, "sip", call.remote.uri, call.local.uri, control=SipCallControl(self._calls, call)))
         except AgentUnavailable as exc:  # taken by another door since the INVITE
             self._calls.server.counters["busy"] += 1
             log.warning("call %s: no session after its ACK: %s", call.call_id, exc)
