@@ -28,6 +28,7 @@ from duplex.runtime.contract import (
     StageError,
     Transcript,
 )
+from duplex.session.call_control import CallControl, NoCallControl
 from duplex.session.door import AudioClear, SimpleDoor
 from duplex.session.endpoint import TurnEndModel
 from duplex.session.playout import OutputFormat
@@ -186,13 +187,13 @@ class Call:
     due now, then the caller's frame for the same 20 ms arrives."""
 
     def __init__(self, config: SessionConfig | None = None, echo_gain: float = 0.0, echo_delay_ms: int = 0,
-                 turn_end: TurnEndModel | None = None) -> None:
+                 turn_end: TurnEndModel | None = None, control: CallControl | None = None) -> None:
         self.clock = FakeClock()
         self.runtime = FakeRuntime()
         self.events: list[ev.ServerEvent] = []
         self._event_frames: list[int] = []  # per event: how many output frames had been pulled
         self.clears: list[AudioClear] = []  # the door's typed clear-audio signals, in order
-        door = SimpleDoor("fake", OUTPUT, self._record, self.clears.append)
+        door = SimpleDoor("fake", OUTPUT, self._record, self.clears.append, control or NoCallControl("fake"))
         self.session = VoiceSession("sess_fake01", self.runtime, config or SessionConfig(), door,
                                     clock=self.clock, turn_end=turn_end)
         self.played: list[np.ndarray] = []  # every output frame, int16

@@ -152,6 +152,12 @@ class SessionConfig(_Strict):
     turn_detection: Literal["server_vad", "semantic_vad", "none"] = "server_vad"
     semantic: SemanticTurnConfig = Field(default_factory=SemanticTurnConfig)
     instructions: str = Field("", max_length=32_768)
+    # built-in call tools the thinker may call, handled by the session through the door's call
+    # control (session/call_tools.py); a client switches them with session.update tools entries
+    # of type "duplex.call"
+    call_tools: list[Literal["end_call", "send_dtmf", "transfer_call"]] = Field(default_factory=list, max_length=3)
+    # keypad digits with gaps shorter than this reach the thinker as one group ("[the caller pressed 123#]")
+    keypad_gap_ms: int = Field(1500, ge=100, le=10_000)
     # Send the pipeline a ``{"session_end": true}`` request at hang-up so stages that keep
     # per-session state (the local thinker's history and conversation KV) free it. Only for
     # pipelines whose stages know that request: others would answer it like a turn.

@@ -7,7 +7,8 @@ the session's events go, and how to drop agent audio already queued at the far e
 door then drives is the session itself: ``push_input`` (caller audio with capture times),
 ``pull_output`` once per frame (the agent's audio, paced by ``pacing.FramePacer.run``), client events
 through ``protocol.handle_client_message`` where the door has an event channel, and
-``SessionManager.close`` at hang-up.
+``SessionManager.close`` at hang-up. What the conversation may ask of the call (hang up, send
+keypad digits, transfer) goes through the door's ``control`` (``call_control.py``).
 
 ``clear_audio`` is a typed signal so a door without an event channel (a phone line) never reads
 Realtime wire events to learn that the caller barged in."""
@@ -15,9 +16,10 @@ Realtime wire events to learn that the caller barged in."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from duplex.session.call_control import CallControl, NoCallControl
 from duplex.session.playout import AudioClear, OutputFormat
 from duplex.session.realtime import events as ev
 
@@ -27,6 +29,7 @@ __all__ = ["AudioClear", "Door", "SimpleDoor"]
 class Door(Protocol):
     transport: str  # "webrtc", "websocket", "sip", "twilio", ...: how stats and metrics name calls
     output: OutputFormat  # the agent audio ``pull_output`` hands this door
+    control: CallControl  # hang up, keypad digits out, transfer (or refusals naming why)
 
     def deliver(self, event: ev.ServerEvent) -> None:
         """An event of the session (a door without an event channel may only watch them)."""
@@ -48,3 +51,4 @@ class SimpleDoor:
     output: OutputFormat
     deliver: Callable[[ev.ServerEvent], None]
     clear_audio: Callable[[AudioClear], None] = _keep
+    control: CallControl = field(default_factory=NoCallControl)

@@ -118,7 +118,8 @@ class SessionManager:
         watch = None
         if self.observer is not None:
             watch = self.observer.open_call(session_id, transport, call_id or session_id, door.output, opening)
-            door = SimpleDoor(transport, door.output, _tapped(door.deliver, watch.tap, made), door.clear_audio)
+            door = SimpleDoor(transport, door.output, _tapped(door.deliver, watch.tap, made), door.clear_audio,
+                              door.control)
         session = VoiceSession(session_id, self.runtime, config or self.config, door, turn_end=self.turn_end)
         made.append(session)
         if watch is not None:

@@ -8,6 +8,8 @@ from pydantic_core import ErrorDetails
 
 from duplex.audio import SESSION_RATE
 from duplex.config.session import SessionConfig
+from duplex.session.call_control import CallControlRefused
+from duplex.session.call_tools import parse_call_tools
 from duplex.session.realtime import events as ev
 from duplex.session.realtime.client_items import ItemError, wants_audio
 from duplex.session.realtime.tools import parse_tools
@@ -144,6 +146,24 @@ def _apply(session: VoiceSession, event: ev.AnyClientEvent, model: str) -> None:
         session.clear_input()
         session.items.clear_buffer()
         session.emit(ev.InputCleared())
+    elif isinstance(event, (ev.CallEnd, ev.CallDtmf, ev.CallTransfer)):
+        _call_request(session, event)
+
+
+def _call_request(session: VoiceSession, event: ev.CallEnd | ev.CallDtmf | ev.CallTransfer) -> None:
+    """The client asks something of the call (``call_tools.py``); what cannot be done is an error."""
+    kind = type(event).__struct_config__.tag
+    try:
+        if isinstance(event, ev.CallEnd):
+            session.calls.end(event.reason or "the client ended the call", event.after_reply)
+        elif isinstance(event, ev.CallDtmf):
+            session.calls.send_dtmf(event.digits)
+        else:
+            session.calls.transfer(event.target)
+    except CallControlRefused as exc:
+        session.emit_error("call_control_refused", f"{kind}: {exc}", event.event_id)
+    except ValueError as exc:
+        session.emit_error("invalid_call_request", f"{kind}: {exc}", event.event_id)
 
 
 def _commit(session: VoiceSession) -> None:
@@ -162,8 +182,12 @@ def _tool_output(session: VoiceSession, event: ev.ItemCreate) -> None:
 
 def _update(session: VoiceSession, event: ev.SessionUpdate, model: str) -> None:
     try:
-        tools, tool_choice = parse_tools(event.session, session.tools.specs)
+        call_tools = parse_call_tools(event.session)
+        tools, tool_choice = parse_tools(event.session, session.tools.specs,
+                                         session.calls.names if call_tools is None else call_tools)
         config = apply_settings(session.config, event.session)
+        if call_tools is not None:
+            config = config.model_copy(update={"call_tools": call_tools})
     except ValueError as exc:
         session.emit_error("invalid_session_settings", str(exc), event.event_id)
         return

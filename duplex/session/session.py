@@ -1,7 +1,7 @@
 """One conversation: caller audio in -> VAD -> turns -> runtime; agent audio out; barge-in.
 
-Its door pushes the caller's audio as it arrives and pulls one output frame per ``frame_ms``;
-the session decides the rest, on one asyncio loop, never blocking.
+Its door pushes the caller's audio as it arrives and pulls one output frame per ``frame_ms``; the session decides the
+rest, on one asyncio loop, never blocking. What it asks of the call itself (hang up, keypad) is ``call_tools.py``'s.
 
 Two state machines (``states.py``) say where things stand: the call's (idle -> user_speaking -> responding ->
 agent_speaking -> idle) and each response's (listening -> [speculative ->] committed -> speaking [<-> paused] ->
@@ -11,13 +11,12 @@ interruption (``interrupted_by``: the output is flushed, the response aborted in
 its audio was cut, and a new turn begins); with ``listen`` the reply pauses at the onset and the sound and its words
 are judged: an interruption goes on as above, a backchannel or a noise resumes the paused reply where it stopped.
 
-Preemptive generation: a pause (``SessionConfig.pause_ms``) closes the turn's input and the answer starts, held;
-voice again aborts it and a fresh request (``supersedes`` the old) gets the whole turn; the silence completing, or
-the pause judged the end (``endpoint.py``), releases it. What the caller heard of a cut reply (``heard.py``) goes
-with the next request (``heard``).
+Preemptive generation: a pause (``pause_ms``) closes the turn's input and the answer starts, held; voice again aborts
+it and a fresh request (``supersedes`` the old) gets the whole turn; the silence completing, or the pause judged the
+end (``endpoint.py``), releases it. What the caller heard of a cut reply (``heard.py``) goes with the next request.
 
-One file: the one place that orders what happens in a call (audio in, cues, runtime events,
-barge-in, audio out); what it orders lives beside it, and split, the order would be hidden.
+One file: the one place that orders what happens in a call (audio in, cues, runtime events, barge-in, audio out);
+what it orders lives beside it, and split, the order would be hidden.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import numpy as np
 
 from duplex.config.session import SessionConfig
 from duplex.runtime.contract import AgentAudio, AgentText, Heard, ToolCallDelta, ToolCallDone, Transcript, TurnRequest
+from duplex.session.call_tools import CallTools
 from duplex.session.clock import InputFrames
 from duplex.session.counters import SessionCounters
 from duplex.session.door import AudioClear, Door
@@ -89,6 +89,7 @@ class VoiceSession:
         self.last_barge_in_ms: float | None = None
         self.items = ClientItems(session_id, self.tell.emit, self.classifier)
         self.tools = SessionTools(self.tell, self.items.new_id)  # function calling (tools.py)
+        self.calls = self.tools.builtin = CallTools(self, door.control, self._tasks.start)  # hang up, keypad
         self.tap: CallTap = NO_TAP  # the server's watch on this call (metrics, recording); see observe.py
         self.recording = SessionRecording()  # whether it is recorded, and the client's say (recording.py)
         self.judge = EndOfTurnJudge(config.semantic, turn_end, self._tasks.spawn, self._on_judged)
@@ -99,8 +100,7 @@ class VoiceSession:
         return self._call.state
 
     @property
-    def response(self) -> Response | None:
-        """The latest response (live or not)."""
+    def response(self) -> Response | None:  # the latest response (live or not)
         return self._response
 
     # -- what the barge-in listener reads of the session (listen.ListenHost) ------------------
@@ -375,6 +375,7 @@ class VoiceSession:
     def _end_of_response(self, response: Response) -> None:
         if self._response is response and self.state in (CallState.RESPONDING, CallState.AGENT_SPEAKING):
             self._move_call(CallState.IDLE)
+        self.calls.reply_over()  # an end_call or keypad digits waiting for the reply to be over
 
     def cancel_response(self, reason: str = "client_cancelled", audio_end_ms: int | None = None) -> bool:
         """Client ``response.cancel`` / ``output_audio_buffer.clear`` / ``conversation.item.truncate``;
@@ -480,8 +481,7 @@ class VoiceSession:
             announce_session_end(self.runtime, self.session_id)
         await self._tasks.cancel_all()
 
-    def emit(self, event: ev.ServerEvent) -> None:
-        """Send the client an event (the edges' and the protocol's way to speak for the session)."""
+    def emit(self, event: ev.ServerEvent) -> None:  # the edges' and the protocol's way to speak for the session
         self.tell.emit(event)
 
     def emit_error(self, code: str, message: str, event_id: str | None = None,

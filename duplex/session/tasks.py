@@ -17,10 +17,15 @@ class SessionTasks:
         self._tasks: set[asyncio.Task] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self.start(coro)
+
+    def start(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
+        """``spawn``, keeping the task (to cancel it before the session ends)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(self._log_crash)
+        return task
 
     async def cancel_all(self) -> None:
         for task in list(self._tasks):

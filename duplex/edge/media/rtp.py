@@ -79,8 +79,17 @@ class RtpPacketizer:
         self._first = True
         self.packets_sent = 0
 
-    def packetize(self, payload: bytes, talkspurt_start: bool = False) -> bytes:
-        packet = RtpPacket(self.payload_type, self._sequence, self._timestamp, self.ssrc,
+    @property
+    def timestamp(self) -> int:
+        """The next packet's timestamp."""
+        return self._timestamp
+
+    def packetize(self, payload: bytes, talkspurt_start: bool = False, *, payload_type: int | None = None,
+                  timestamp: int | None = None) -> bytes:
+        """The next packet; ``payload_type``/``timestamp`` given: a telephone-event in the same
+        stream, its timestamp held at the event's start (the clock moves on all the same)."""
+        packet = RtpPacket(self.payload_type if payload_type is None else payload_type, self._sequence,
+                           self._timestamp if timestamp is None else timestamp, self.ssrc,
                            payload, marker=self._first or talkspurt_start)
         self._first = False
         self._sequence = (self._sequence + 1) & 0xFFFF

@@ -3,6 +3,8 @@
 A phone leg knows codecs and timing; a ``CallAgent`` knows the conversation. Every 20 ms the
 leg hands the agent the caller's audio and asks it for the agent's next 20 ms; the agent tells
 the leg when the caller barged in, so audio queued at the far end can be dropped (`clear`).
+What the conversation may ask of the call (hang up, keypad digits out, transfer) the leg offers
+with ``CallInfo.control`` (``session/call_control.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from duplex.session.call_control import CallControl, NoCallControl
 from duplex.session.realtime.events import SessionSettings
 
 
@@ -34,6 +37,7 @@ class CallInfo:
     caller: str
     callee: str
     extra: dict[str, str] = field(default_factory=dict)
+    control: CallControl = field(default_factory=NoCallControl)  # what the leg can do for the agent
     opening: CallOpening | None = None  # an outbound call's own settings; None: the server's
 
 
@@ -49,7 +53,7 @@ class CallAgent(Protocol):
         """Exactly one 20 ms frame of agent audio due at ``due`` (zeros while it is quiet)."""
 
     def dtmf(self, digit: str) -> None:
-        """A keypad digit the caller pressed."""
+        """A keypad digit the caller pressed (RFC 4733, SIP INFO or Twilio's ``dtmf``)."""
 
     def set_barge_in_listener(self, listener: Callable[[], None]) -> None:
         """``listener`` is called when the caller interrupts the agent's speech."""

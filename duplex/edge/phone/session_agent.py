@@ -32,8 +32,9 @@ class SessionCallAgent:
         self._sessions = sessions
         self._observer = observer
         self._barge_in_listener: Callable[[], None] | None = None
-        self.digits: list[str] = []
         self.transport, self.output = info.transport, PHONE_OUTPUT  # the session's door (session/door.py)
+        self.control = info.control
+        self.digits: list[str] = []
         settings = info.opening.settings if info.opening is not None else None
         # an outbound call's settings were checked when it was asked for (``opening_errors``)
         self.session = sessions.open(self, apply_settings(sessions.config, settings) if settings else None,

@@ -18,10 +18,12 @@ import numpy as np
 
 from duplex.edge.media import g711
 from duplex.edge.media.audio import PHONE_FRAME, PhoneDecoder, PhoneEncoder
+from duplex.edge.media.dtmf import DtmfQueueFull, DtmfSender
 from duplex.edge.media.jitter import JitterBuffer
 from duplex.edge.media.rtp import DtmfEvent, RtpError, RtpPacketizer, parse_rtp
 from duplex.edge.phone.bridge import CallAgent
 from duplex.edge.sip.sdp import Negotiated
+from duplex.session.call_control import CallAction, CallControlRefused
 from duplex.session.pacing import FramePacer
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ class MediaStats:
     wrong_source: int = 0
     wrong_payload_type: int = 0
     dtmf: list[str] = field(default_factory=list)
+    dtmf_sent: list[str] = field(default_factory=list)
 
 
 class _RtpProtocol(asyncio.DatagramProtocol):
@@ -71,6 +74,8 @@ class CallMedia:
         self._talking = False
         self._seen_dtmf: set[int] = set()
         self._early_digits: list[str] = []
+        self._dtmf_out = DtmfSender(PHONE_FRAME)
+        self.stats.dtmf_sent = self._dtmf_out.sent
         self._last_rx = time.monotonic()
         self._task: asyncio.Task | None = None
 
@@ -168,6 +173,26 @@ class CallMedia:
         elif negotiated and source != self._source and not self._symmetric:
             self._source = source  # the negotiated pair wins over a source latched before it
         return source == self._source
+    def send_dtmf(self, digits: str) -> None:
+        """Queue keypad digits for the far end (RFC 4733 events in this stream); refused when
+        the peer offered no telephone-event or too many wait already."""
+        agreed = self._agreed
+        if agreed is None or agreed.dtmf_payload_type is None:
+            raise CallControlRefused(CallAction.DTMF, "the far end did not offer telephone-event (RFC 4733) "
+                                                      "in its SDP, so it cannot receive keypad digits")
+        try:
+            self._dtmf_out.queue(digits)
+        except DtmfQueueFull as exc:
+            raise CallControlRefused(CallAction.DTMF, str(exc)) from None
+
+    def keypad(self, digit: str) -> None:
+        """A digit the caller pressed, however it came (RFC 4733 here, SIP INFO in ``info``)."""
+        self.stats.dtmf.append(digit)
+        if self._agent is not None:
+            self._agent.dtmf(digit)
+        elif len(self._early_digits) < 16:  # its session still opening: the digit waits
+            self._early_digits.append(digit)
+
     def _on_dtmf(self, timestamp: int, payload: bytes) -> None:
         try:
             event = DtmfEvent.parse(payload)
@@ -179,11 +204,7 @@ class CallMedia:
             if len(self._seen_dtmf) > 64:
                 self._seen_dtmf.clear()  # only the last event's repeats matter
             self._seen_dtmf.add(timestamp)
-            self.stats.dtmf.append(event.digit)
-            if self._agent is not None:
-                self._agent.dtmf(event.digit)
-            elif len(self._early_digits) < 16:  # its session still opening: the digit waits
-                self._early_digits.append(event.digit)
+            self.keypad(event.digit)
 
     def _drop_queued_audio(self) -> None:
         if self._encoder is not None:
@@ -231,8 +252,14 @@ class CallMedia:
         if agreed.direction not in ("sendrecv", "sendonly"):
             return  # on hold (or recvonly): the phone asked us not to send
         assert self._packetizer is not None
-        packet = self._packetizer.packetize(payload, talkspurt_start=speaking and not self._talking)
-        self._talking = speaking
+        event = self._dtmf_out.next(self._packetizer.timestamp) if agreed.dtmf_payload_type is not None else None
+        if event is not None:  # a keypad digit goes in this tick's place (its audio is dropped)
+            packet = self._packetizer.packetize(event.payload, event.marker, payload_type=agreed.dtmf_payload_type,
+                                                timestamp=event.timestamp)
+            self._talking = False
+        else:
+            packet = self._packetizer.packetize(payload, talkspurt_start=speaking and not self._talking)
+            self._talking = speaking
         self.transport.sendto(packet, self._destination)
         self.stats.packets_sent += 1
 

@@ -9,6 +9,7 @@ import logging
 
 from duplex.edge.phone.bridge import AgentUnavailable, CallInfo
 from duplex.edge.sip.context import CallTable
+from duplex.edge.sip.control import SipCallControl
 from duplex.edge.sip.dialog import CallState, SipCall
 from duplex.edge.sip.pending import in_dialog_destination
 
@@ -46,7 +47,8 @@ class CallSessions:
         try:
             caller, callee = (call.local, call.remote) if call.opening is not None else (call.remote, call.local)
             call.agent = await self._calls.agent_factory(CallInfo(
-                call.call_id, "sip", caller.uri, callee.uri, opening=call.opening))
+                call.call_id, "sip", caller.uri, callee.uri, opening=call.opening,
+                control=SipCallControl(self._calls, call)))
         except AgentUnavailable as exc:  # taken by another door since the INVITE
             self._calls.server.counters["busy"] += 1
             log.warning("call %s: no session after its ACK: %s", call.call_id, exc)

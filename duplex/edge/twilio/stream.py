@@ -33,11 +33,13 @@ from duplex.edge.phone.refusals import Refusals
 from duplex.edge.rate import UNCOUNTED, CallRate, Pending, PendingCalls, RateLimited, exempt
 from duplex.edge.twilio import messages as tm
 from duplex.edge.twilio.config import TwilioLimits
+from duplex.edge.twilio.control import TwilioCallControl
 from duplex.session.pacing import FramePacer
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 65536  # one media message is ~20 ms (~250 chars); anything this big is abuse
 MAX_PAYLOAD_BYTES = PHONE_RATE  # one second of mu-law in a single media message at most
+END_FLUSH_S = 1.0  # the agent ended the call: its last audio gets this long to play (mark echoed)
 STREAM_PATH = "/twilio/media-stream"
 
 
@@ -72,6 +74,8 @@ class TwilioMediaStream:
         self._pacer_task: asyncio.Task | None = None
         self._run_task: asyncio.Task | None = None
         self._failure: BaseException | None = None  # the agent's audio failed: the call must end
+        self._ending: asyncio.Task | None = None  # the agent ended the call (``end``)
+        self._marks_moved = asyncio.Event()  # a mark sent or echoed
         self._speaking = False
         self._pending = b""  # encoded agent audio short of a whole frame
         self._marks_sent = 0
@@ -91,9 +95,11 @@ class TwilioMediaStream:
         except TimeoutError:
             raise self._expired() from None
         except asyncio.CancelledError:
-            if self._failure is None or self._run_task is None:
+            if (self._failure is None and self._ending is None) or self._run_task is None:
                 raise
-            self._run_task.uncancel()  # our own cancel (``_pacer_ended``), not the server's
+            self._run_task.uncancel()  # our own cancel (``_pacer_ended``, ``end``), not the server's
+            if self._failure is None:
+                return  # the agent ended the call: closed as a stop is
             raise StreamError(f"server error: the agent's audio failed ({self._failure!r})"[:200], 1011,
                               "failed") from None
 
@@ -145,6 +151,7 @@ class TwilioMediaStream:
             self._caller_media(message)
         elif isinstance(message, tm.Mark):
             self.played_marks.append(message.mark.name)
+            self._marks_moved.set()
         elif isinstance(message, tm.Dtmf) and self.agent is not None:
             self.agent.dtmf(message.dtmf.digit)
 
@@ -161,7 +168,7 @@ class TwilioMediaStream:
         self.stream_sid = message.start.streamSid or message.streamSid
         params = message.start.customParameters
         info = CallInfo(message.start.callSid or self.stream_sid, "twilio",
-                        params.get("from", ""), params.get("to", ""), dict(params))
+                        params.get("from", ""), params.get("to", ""), dict(params), TwilioCallControl(self.end))
         try:
             self.agent = await self._factory(info)
         except AgentUnavailable as exc:
@@ -225,7 +232,27 @@ class TwilioMediaStream:
         except (RuntimeError, ConnectionError, WebSocketDisconnect):
             self.counters["send_failures"] += 1  # the socket went away; run() ends shortly
 
+    def end(self, reason: str) -> None:
+        """The agent ends the call: once its last audio has played (its mark echoed, or
+        ``END_FLUSH_S``), the stream is closed as if the provider had stopped it."""
+        if self._ending is None and self._run_task is not None and not self._run_task.done():
+            log.info("twilio stream %s: ended by the agent (%s)", self.stream_sid or "-", reason)
+            self.counters["ended_by_agent"] += 1
+            self._ending = asyncio.get_running_loop().create_task(self._end_when_played())
+
+    async def _end_when_played(self) -> None:
+        try:
+            async with asyncio.timeout(END_FLUSH_S):
+                while self._speaking or len(self.played_marks) < self._marks_sent:
+                    self._marks_moved.clear()
+                    await self._marks_moved.wait()
+        except TimeoutError:
+            pass
+        if self._run_task is not None:
+            self._run_task.cancel()
+
     def _next_mark(self) -> str:
+        self._marks_moved.set()
         self._marks_sent += 1
         return f"agent-speech-{self._marks_sent}"
 
@@ -235,6 +262,9 @@ class TwilioMediaStream:
             log.warning("twilio stream %s: %s: %s", self.stream_sid or "-", kind, detail)
 
     async def close(self) -> None:
+        if self._ending is not None and self._ending is not asyncio.current_task():
+            self._ending.cancel()
+            await asyncio.gather(self._ending, return_exceptions=True)
         if self._pacer_task is not None:
             self._pacer_task.cancel()
             await asyncio.gather(self._pacer_task, *self._sends, return_exceptions=True)

@@ -16,6 +16,7 @@ import numpy as np
 
 from duplex.edge.config import EdgeConfig
 from duplex.edge.rate import UNCOUNTED, Pending
+from duplex.edge.webrtc.control import WebRtcCallControl
 from duplex.edge.webrtc.media import WEBRTC_OUTPUT, paced_pull
 from duplex.edge.webrtc.offer import OfferError, check_offer
 from duplex.edge.webrtc.rtc_peer import Peer, PeerListener, RtcPeer
@@ -82,6 +83,12 @@ class Call:
             self.peer.send(ev.encode_event(event))
         else:
             self.pending.append(event)
+
+    def end(self, reason: str) -> None:
+        """The conversation ends the call (``WebRtcCallControl``)."""
+        if not self.closed:
+            log.info("call %s ended by its conversation: %s", self.id, reason)
+            self.spawn(self.gateway.end_after_flush(self), "end-call")
 
     def spawn(self, coro, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
@@ -152,7 +159,8 @@ class WebRTCGateway:
             raise OfferError(str(exc)) from None
         call = Call(f"rtc_{secrets.token_hex(16)}", self, pending)
         opening = Opening(owner, settings.recording if settings else None)
-        session = self.sessions.open(SimpleDoor("webrtc", WEBRTC_OUTPUT, call.send), config, call_id=call.id,
+        door = SimpleDoor("webrtc", WEBRTC_OUTPUT, call.send, control=WebRtcCallControl(call.end))
+        session = self.sessions.open(door, config, call_id=call.id,
                                      opening=opening)
         call.session = session
         self.calls[call.id] = call

@@ -40,6 +40,9 @@ __all__ = [
     "ClientItem",
     "ItemCreate",
     "ItemDelete",
+    "CallEnd",
+    "CallDtmf",
+    "CallTransfer",
     "CLIENT_EVENTS",
     "AnyClientEvent",
     "KNOWN_CLIENT_EVENTS",
@@ -251,10 +254,30 @@ class ItemDelete(ClientEvent, kw_only=True, tag="conversation.item.delete"):
     item_id: str
 
 
+class CallEnd(ClientEvent, kw_only=True, tag="duplex.call.end"):
+    """Ours: end the call (SIP BYE, the Twilio stream or WebRTC call closed), once the agent's
+    current reply has played unless ``after_reply`` is false."""
+
+    after_reply: bool = True
+    reason: ShortText | None = None
+
+
+class CallDtmf(ClientEvent, kw_only=True, tag="duplex.call.dtmf"):
+    """Ours: send keypad digits to the far end (RFC 4733 on a SIP call)."""
+
+    digits: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+
+
+class CallTransfer(ClientEvent, kw_only=True, tag="duplex.call.transfer"):
+    """Ours: transfer the call to ``target`` (a number or a SIP URI)."""
+
+    target: ShortText
+
+
 CLIENT_EVENTS = (SessionUpdate, ResponseCreate, ResponseCancel, ItemTruncate, InputClear, OutputClear,
-                 InputAppend, InputCommit, ItemCreate, ItemDelete)
+                 InputAppend, InputCommit, ItemCreate, ItemDelete, CallEnd, CallDtmf, CallTransfer)
 AnyClientEvent = (SessionUpdate | ResponseCreate | ResponseCancel | ItemTruncate | InputClear | OutputClear
-                  | InputAppend | InputCommit | ItemCreate | ItemDelete)
+                  | InputAppend | InputCommit | ItemCreate | ItemDelete | CallEnd | CallDtmf | CallTransfer)
 _client_decoder = msgspec.json.Decoder(AnyClientEvent)
 _type_probe = msgspec.json.Decoder(dict)
 KNOWN_CLIENT_EVENTS = frozenset(str(cls.__struct_config__.tag) for cls in CLIENT_EVENTS)

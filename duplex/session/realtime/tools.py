@@ -20,8 +20,9 @@ results the client sends back.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import jsonschema
 import msgspec
@@ -53,19 +54,36 @@ class _Call:
                                    arguments=self.arguments if status == "completed" else "")
 
 
-def parse_tools(settings: ev.SessionSettings, current: list[ToolSpec]) -> tuple[list[ToolSpec] | None, str | None]:
+class BuiltinTools(Protocol):
+    """Functions the session does itself (the call's: ``call_tools.py``), beside the client's."""
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def specs(self) -> list[ToolSpec]: ...
+
+    def describe(self) -> list[dict]: ...
+
+    def run(self, call_id: str, name: str, arguments: str) -> None: ...
+
+
+BUILTIN_TYPE = "duplex.call"  # a ``tools`` entry of this type switches on a built-in call tool
+
+
+def parse_tools(settings: ev.SessionSettings, current: list[ToolSpec],
+                builtin: Sequence[str] = ()) -> tuple[list[ToolSpec] | None, str | None]:
     """The tools and tool choice ``settings`` set (None: unchanged); raises ValueError naming what
-    is wrong."""
+    is wrong. ``builtin``: the built-in tools on after this update (tool_choice may name them)."""
     specs = None
     if settings.tools is not None:
-        specs = [_spec(i, tool) for i, tool in enumerate(settings.tools)]
+        specs = [_spec(i, tool) for i, tool in enumerate(settings.tools) if tool.type != BUILTIN_TYPE]
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"tools: duplicate function names in {names}")
     choice = settings.tool_choice
     name = choice if isinstance(choice, str) or choice is None else choice.name
     if name is not None and name not in _CHOICES:
-        known = [spec.name for spec in (specs if specs is not None else current)]
+        known = [spec.name for spec in (specs if specs is not None else current)] + list(builtin)
         if name not in known:
             raise ValueError(f"tool_choice {name!r}: not one of auto, none, required or a declared function {known}")
     return specs, name
@@ -99,6 +117,7 @@ class SessionTools:
         self.choice = "auto"
         self._calls: OrderedDict[str, _Call] = OrderedDict()
         self._outputs: list[ToolOutput] = []  # for the next request
+        self.builtin: BuiltinTools | None = None
 
     # -- settings -------------------------------------------------------------------------------
     def configure(self, specs: list[ToolSpec] | None, choice: str | None) -> None:
@@ -108,17 +127,18 @@ class SessionTools:
             self.choice = choice
 
     def describe(self) -> dict:
+        builtin = self.builtin.describe() if self.builtin is not None else []
         return {"tools": [{"type": "function", "name": s.name, "description": s.description,
-                           "parameters": s.parameters, "strict": s.strict} for s in self.specs],
+                           "parameters": s.parameters, "strict": s.strict} for s in self.specs] + builtin,
                 "tool_choice": self.choice}
 
     def attach(self, request: TurnRequest) -> TurnRequest:
         """``request`` with the session's tools and the results waiting for it."""
         outputs, self._outputs = self._outputs, []
-        if not self.specs and not outputs:
+        specs = self.specs + (self.builtin.specs() if self.builtin is not None else [])
+        if not specs and not outputs:
             return request
-        return msgspec.structs.replace(request, tools=list(self.specs), tool_choice=self.choice,
-                                       tool_outputs=outputs)
+        return msgspec.structs.replace(request, tools=specs, tool_choice=self.choice, tool_outputs=outputs)
 
     # -- the model's calls ----------------------------------------------------------------------
     def on_call(self, response: Response, event: ToolCallDelta | ToolCallDone) -> None:
@@ -137,6 +157,8 @@ class SessionTools:
         item = call.item("completed")
         self._emit(tev.CallItemDone(response_id=call.response_id, output_index=call.output_index, item=item))
         self._tell.call_listed(response, item)
+        if self.builtin is not None and call.name in self.builtin.names:
+            self.builtin.run(call.call_id, call.name, call.arguments)  # the session's own: done here
 
     def _open(self, response: Response, call_id: str, name: str) -> _Call:
         index = 1 + sum(1 for c in self._calls.values() if c.response_id == response.id)  # 0: the message item
@@ -165,9 +187,20 @@ class SessionTools:
             raise ValueError(f"function_call_output: call {call_id!r} was already answered")
         if output is None:
             raise ValueError(f"function_call_output for {call_id!r} has no 'output'")
+        if self.builtin is not None and call.name in self.builtin.names:
+            raise ValueError(f"function_call_output: call {call_id!r} is of {call.name}, which the server does "
+                             f"itself (a call tool)")
+        self.answer(call_id, output, item.id)
+
+    def answer(self, call_id: str, output: str, item_id: str | None = None, speak: bool = True) -> None:
+        """The result of a finished call (the client's, or a built-in tool's): it joins the next
+        request; ``speak``: a response may answer it (unless a barge-in fenced the call)."""
+        call = self._calls.get(call_id)
+        if call is None or call.answered:
+            return
         call.answered = True
-        self._outputs.append(ToolOutput(call_id=call_id, output=output, speak=not call.fenced))
-        item_id = item.id or self._new_item_id()
+        self._outputs.append(ToolOutput(call_id=call_id, output=output, speak=speak and not call.fenced))
+        item_id = item_id or self._new_item_id()
         self._emit(tev.OutputItemAdded(item=tev.FunctionCallOutputItem(id=item_id, call_id=call_id, output=output),
                                        previous_item_id=call.item_id))
         if call.fenced:
