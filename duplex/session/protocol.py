@@ -8,6 +8,7 @@ from pydantic_core import ErrorDetails
 
 from duplex.audio import SESSION_RATE
 from duplex.config.session import SessionConfig
+from duplex.runtime.contract import ToolSpec
 from duplex.session.call_control import CallControlRefused
 from duplex.session.call_tools import parse_call_tools
 from duplex.session.realtime import events as ev
@@ -180,14 +181,22 @@ def _tool_output(session: VoiceSession, event: ev.ItemCreate) -> None:
         session.emit_error("invalid_function_call_output", str(exc), event.event_id)
 
 
+def updated(config: SessionConfig, settings: ev.SessionSettings, tools: list[ToolSpec], call_tools: list[str]
+            ) -> tuple[SessionConfig, list[ToolSpec] | None, str | None]:
+    """What ``settings`` make of a session's config, functions and tool choice (None: unchanged),
+    given its current ones: a ``session.update``, or the settings a placed call opens with. Raises
+    ValueError naming what is wrong."""
+    asked_call_tools = parse_call_tools(settings)
+    specs, tool_choice = parse_tools(settings, tools, call_tools if asked_call_tools is None else asked_call_tools)
+    config = apply_settings(config, settings)
+    if asked_call_tools is not None:
+        config = config.model_copy(update={"call_tools": asked_call_tools})
+    return config, specs, tool_choice
+
+
 def _update(session: VoiceSession, event: ev.SessionUpdate, model: str) -> None:
     try:
-        call_tools = parse_call_tools(event.session)
-        tools, tool_choice = parse_tools(event.session, session.tools.specs,
-                                         session.calls.names if call_tools is None else call_tools)
-        config = apply_settings(session.config, event.session)
-        if call_tools is not None:
-            config = config.model_copy(update={"call_tools": call_tools})
+        config, tools, tool_choice = updated(session.config, event.session, session.tools.specs, session.calls.names)
     except ValueError as exc:
         session.emit_error("invalid_session_settings", str(exc), event.event_id)
         return

@@ -13,9 +13,8 @@ from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, 
 from duplex.session.door import AudioClear
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.playout import OutputFormat
-from duplex.session.protocol import apply_settings
+from duplex.session.protocol import updated
 from duplex.session.realtime import events as ev
-from duplex.session.realtime.tools import parse_tools
 from duplex.session.recording import speak_notice
 
 PHONE_OUTPUT = OutputFormat(sample_rate=8000, channels=1, frame_ms=20)
@@ -37,10 +36,9 @@ class SessionCallAgent:
         self.digits: list[str] = []
         settings = info.opening.settings if info.opening is not None else None
         # an outbound call's settings were checked when it was asked for (``opening_errors``)
-        self.session = sessions.open(self, apply_settings(sessions.config, settings) if settings else None,
-                                     call_id=info.call_id)
-        if settings is not None:
-            self.session.tools.configure(*parse_tools(settings, []))
+        config, tools, choice = updated(sessions.config, settings, [], []) if settings else (None, None, None)
+        self.session = sessions.open(self, config, call_id=info.call_id)
+        self.session.tools.configure(tools, choice)
         # a phone has no session.created to say it: a recorded call says so first, then the
         # outbound call's first message
         speak_notice(self.session, info.opening.first_message if info.opening is not None else "")
@@ -74,8 +72,7 @@ class SessionCallAgent:
 def opening_errors(sessions: SessionManager, settings: ev.SessionSettings) -> str | None:
     """What is wrong with an outbound call's session settings (None: they apply)."""
     try:
-        apply_settings(sessions.config, settings)
-        parse_tools(settings, [])
+        updated(sessions.config, settings, [], [])
     except ValueError as exc:
         return str(exc)
     return None
