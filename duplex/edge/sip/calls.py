@@ -38,6 +38,7 @@ from duplex.edge.sip.sdp import (
 )
 from duplex.edge.sip.session import CallSessions
 from duplex.edge.sip.transactions import Address, Retransmitter, ServerTransaction
+from duplex.edge.sip.transfer import call_ended
 
 log = logging.getLogger(__name__)
 FINAL_RESERVE = 600  # bytes a 1xx must leave in the source's credit for the final answer
@@ -367,6 +368,7 @@ class CallHandling:
     async def _end(self, call: SipCall, reason: str) -> None:
         call.state = CallState.ENDED
         self.active.pop(call.call_id, None)
+        call_ended(call)  # a transfer under way learns it
         if call.ok_retransmitter is not None:
             call.ok_retransmitter.stop()
         self.sessions.release(call)

@@ -1,10 +1,11 @@
 """What a SIP call does for its conversation (``session/call_control.py``): hang up with a BYE,
-send keypad digits as RFC 4733 events on its RTP stream, transfer (REFER, not here yet)."""
+send keypad digits as RFC 4733 events on its RTP stream, transfer with REFER (``transfer``)."""
 
 from __future__ import annotations
 
 from duplex.edge.sip.context import CallTable
 from duplex.edge.sip.dialog import CallState, SipCall
+from duplex.edge.sip.transfer import refer
 from duplex.session.call_control import CallAction, CallControlRefused, TransferResult
 
 
@@ -26,5 +27,5 @@ class SipCallControl:
         return await self.refer(target)
 
     async def refer(self, target: str) -> TransferResult:
-        """Blind transfer with REFER (RFC 3515): where SIP transfer plugs in."""
-        raise CallControlRefused(CallAction.TRANSFER, "transfer is not available on this server's SIP calls yet")
+        """Blind transfer with REFER (RFC 3515): ``transfer``."""
+        return await refer(self._calls, self._call, target)

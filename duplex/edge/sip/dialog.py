@@ -21,10 +21,10 @@ REASONS = {
     403: "Forbidden", 405: "Method Not Allowed", 415: "Unsupported Media Type",
     480: "Temporarily Unavailable", 482: "Loop Detected",
     481: "Call/Transaction Does Not Exist", 486: "Busy Here", 487: "Request Terminated",
-    488: "Not Acceptable Here", 491: "Request Pending", 500: "Server Internal Error",
+    488: "Not Acceptable Here", 489: "Bad Event", 491: "Request Pending", 500: "Server Internal Error",
     501: "Not Implemented", 503: "Service Unavailable",
 }
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"  # NOTIFY: of our REFER's progress
 
 
 def new_tag() -> str:
@@ -74,6 +74,16 @@ def _stamp_received(via: str, source: Address) -> str:
     return ";".join([head, *[p for p in out if p]])
 
 
+@dataclass
+class Referral:
+    """Our REFER of a call (``transfer``): where to, and its outcome once known."""
+
+    target: str
+    outcome: asyncio.Future  # of a TransferResult
+    accepted: bool = False  # the far end said 202
+    progress: list[str] = field(default_factory=list)  # trying, ringing, ok, failed as NOTIFYs told
+
+
 class CallState(enum.Enum):
     EARLY = "early"  # INVITE received, final response not sent (pending: holds no session)
     ANSWERED = "answered"  # 200 OK sent, waiting for the ACK (pending: holds no session)
@@ -106,6 +116,8 @@ class SipCall:
     limit_timer: asyncio.TimerHandle | None = None  # the maximum call duration
     opening: CallOpening | None = None  # a call we placed: its own session settings, first line
     on_ended: Callable[[str], None] | None = None  # told the reason once the call is over
+    on_event: Callable[[str, int | None, str], None] | None = None  # (kind, SIP status, detail): a placed call's log
+    referral: Referral | None = None  # our REFER, while it is under way (``transfer``)
 
     @property
     def remote_tag(self) -> str:

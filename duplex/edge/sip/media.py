@@ -72,6 +72,7 @@ class CallMedia:
         self._latched = False  # sending follows the latched source (symmetric RTP only)
         self._source: tuple[str, int] | None = None  # the one source RTP is taken from
         self._talking = False
+        self.last_agent_speech = 0.0  # monotonic time of the agent's last audible frame (a transfer waits on it)
         self._seen_dtmf: set[int] = set()
         self._early_digits: list[str] = []
         self._dtmf_out = DtmfSender(PHONE_FRAME)
@@ -244,6 +245,8 @@ class CallMedia:
         assert self._agent is not None and self._encoder is not None
         frame = self._agent.agent_audio(due)
         speaking = bool(np.any(frame))
+        if speaking:
+            self.last_agent_speech = time.monotonic()
         self._encoder.push(frame)
         payload = self._encoder.pop_frame() or self._encoder.silence()
         agreed = self._agreed

@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import re
 import secrets
 import socket
 import time
-from fnmatch import fnmatchcase
 
 from duplex.edge.phone.bridge import CallOpening
 from duplex.edge.sip.calls import CallHandling
@@ -30,12 +28,11 @@ from duplex.edge.sip.message import SipParseError, SipRequest, SipResponse
 from duplex.edge.sip.pending import in_dialog_destination
 from duplex.edge.sip.placed import PlacedCall, PlacedState
 from duplex.edge.sip.sdp import LocalDescription, SdpError, negotiate, parse_sdp
+from duplex.edge.sip.targets import TargetRefused, check_target
 from duplex.edge.sip.transactions import Address, ServerTransaction
 
 log = logging.getLogger(__name__)
 KEPT = 200  # finished placed calls kept for GET (the oldest go first)
-# a target is one SIP URI: nothing that could end a header or start another (CR, LF, <, >, ")
-_TARGET = re.compile(r'sip:[^\s<>"]{1,250}')
 
 
 class OutboundRefused(Exception):
@@ -74,19 +71,10 @@ class OutboundCalls:
 
     def _admit(self, target: str) -> None:
         config = self.config
-        if not config.allow:
-            raise OutboundRefused(403, "outbound_disabled", "this server places no calls: no target is allowed "
-                                                            "(configure sip.outbound.allow / --sip-outbound-allow)")
-        if not _TARGET.fullmatch(target):
-            raise OutboundRefused(400, "invalid_target", "'to' must be one sip: URI without spaces, quotes or angle "
-                                                         f"brackets (sips: is not supported), got {target[:80]!r}")
         try:
-            parse_uri(target)
-        except SipParseError as exc:
-            raise OutboundRefused(400, "invalid_target", str(exc)) from None
-        if not any(fnmatchcase(target, pattern) for pattern in config.allow):
-            raise OutboundRefused(403, "target_not_allowed", f"{target!r} matches no pattern of this server's "
-                                                             "outbound allowlist")
+            check_target(target, config.allow)
+        except TargetRefused as exc:
+            raise OutboundRefused(exc.status, exc.code, str(exc)) from None
         if sum(p.live for p in self.placed.values()) >= config.max_calls:
             raise OutboundRefused(429, "outbound_calls_capped", f"{config.max_calls} placed calls are live; "
                                                                 "try again when one ends", retry_after_s=5)
@@ -127,7 +115,7 @@ class OutboundCalls:
             # a call we place has no INVITE of the peer's; a re-INVITE of the callee's replaces this
             invite_txn=ServerTransaction(("placed", placed.id), placed.destination),
             description=LocalDescription(config.contact_host), remote_cseq=0, opening=placed.opening,
-            on_ended=lambda reason: self._ended(placed, reason))
+            on_ended=lambda reason: self._ended(placed, reason), on_event=placed.note)
         placed.call = call
         placed.offer = call.description.offer(placed.media.local_port)
         placed.note("calling", detail=placed.target)

@@ -39,6 +39,7 @@ from duplex.edge.sip.transactions import (
     TransactionTable,
     server_key,
 )
+from duplex.edge.sip.transfer import on_notify, on_refer
 
 log = logging.getLogger(__name__)
 # methods of SIP extensions we recognise but do not do (405), as opposed to unknown ones (501)
@@ -197,6 +198,8 @@ class SipServer:
         transaction = self.transactions.open(context.key, context.addr)
         handler = {"INVITE": self.calls.on_invite, "BYE": self.calls.on_bye,
                    "CANCEL": self.calls.on_cancel, "OPTIONS": self._on_options,
+                   "NOTIFY": lambda c, t: on_notify(self.calls, c, t),  # our REFER's progress
+                   "REFER": lambda c, t: on_refer(self.calls, c, t),
                    }.get(context.method)
         if handler is not None:
             handler(context, transaction)
