@@ -188,6 +188,7 @@ class ToneAgent:
     def __init__(self, frequency: float = 440.0) -> None:
         self.caller: list[np.ndarray] = []
         self.digits: list[str] = []
+        self.transfers: list[tuple[str, int | None]] = []  # (state, SIP status) of transfers
         self.speaking = True
         self.listener = None
         self._phase = 0
@@ -207,6 +208,9 @@ class ToneAgent:
 
     def dtmf(self, digit: str) -> None:
         self.digits.append(digit)
+
+    def transfer_progress(self, target: str, state: str, status: int | None, detail: str) -> None:
+        self.transfers.append((state, status))
 
     def set_barge_in_listener(self, listener) -> None:
         self.listener = listener

@@ -122,6 +122,8 @@ async def test_sipp_transferee(tmp_path, final, ending, accepted):
         result = await asyncio.wait_for(transfer, 15)
         assert result.accepted is accepted
         assert result.status == int(final.split()[1])
+        assert agents.made[0].transfers == [("accepted", 202), ("trying", 100), ("ringing", 180),
+                                            ("ok" if accepted else "failed", result.status)]
         if not accepted:
             assert "486 Busy Here" in result.detail and "goes on" in result.detail
             assert call.state is CallState.CONFIRMED  # the call goes on with the agent
@@ -185,6 +187,7 @@ async def test_bad_notify_and_refer_are_refused_and_the_call_goes_on():
         await peer.next(status=200)
         result = await asyncio.wait_for(transfer, 5)
         assert (result.accepted, result.status) == (False, 603)
+        assert agents.made[0].transfers == [("accepted", 202), ("failed", 603)]
         assert call.state is CallState.CONFIRMED  # the call goes on with the agent
         peer.send(peer.request("BYE"))
         await peer.next(status=200)

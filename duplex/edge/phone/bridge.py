@@ -55,6 +55,10 @@ class CallAgent(Protocol):
     def dtmf(self, digit: str) -> None:
         """A keypad digit the caller pressed (RFC 4733, SIP INFO or Twilio's ``dtmf``)."""
 
+    def transfer_progress(self, target: str, state: str, status: int | None, detail: str) -> None:
+        """A transfer of this call under way, as the far end tells it (accepted, trying, ringing,
+        ok, failed), for the conversation's events."""
+
     def set_barge_in_listener(self, listener: Callable[[], None]) -> None:
         """``listener`` is called when the caller interrupts the agent's speech."""
 

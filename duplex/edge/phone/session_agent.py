@@ -14,6 +14,7 @@ from duplex.session.door import AudioClear
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.playout import OutputFormat
 from duplex.session.protocol import updated
+from duplex.session.realtime import call_events as cev
 from duplex.session.realtime import events as ev
 from duplex.session.recording import speak_notice
 
@@ -51,6 +52,9 @@ class SessionCallAgent:
 
     def dtmf(self, digit: str) -> None:
         self.digits.append(digit)  # the conversation takes no keypad input yet
+
+    def transfer_progress(self, target: str, state: str, status: int | None, detail: str) -> None:
+        self.session.emit(cev.TransferProgress(target=target, state=state, status=status, detail=detail))
 
     def set_barge_in_listener(self, listener: Callable[[], None]) -> None:
         self._barge_in_listener = listener

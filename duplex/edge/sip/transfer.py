@@ -95,14 +95,13 @@ def _send_refer(calls: CallTable, call: SipCall, referral: Referral) -> None:
     request.add("Contact", f"<{call.local.uri}>")
     request.add("Refer-To", f"<{referral.target}>")
     request.add("Referred-By", f"<{call.local.uri}>")
-    _note(call, "transfer", None, f"REFER to {referral.target}")
 
     def answered(response) -> None:
         if response.status < 200:
             return
         if response.status < 300:
             referral.accepted = True
-            _note(call, "transfer", response.status, "accepted")
+            _note(call, referral, "accepted", response.status)
             return
         _settle(call, referral, TransferResult(
             accepted=False, status=response.status,
@@ -116,13 +115,18 @@ def _settle(call: SipCall, referral: Referral, result: TransferResult) -> None:
     if referral.outcome.done():
         return
     referral.outcome.set_result(result)
-    _note(call, "transfer", result.status, "ok" if result.accepted else f"failed: {result.detail}")
+    _note(call, referral, "ok" if result.accepted else "failed", result.status, result.detail)
 
 
-def _note(call: SipCall, kind: str, status: int | None, detail: str) -> None:
-    log.info("call %s %s: %s %s", call.call_id, kind, status or "", detail)
+def _note(call: SipCall, referral: Referral, state: str, status: int | None, detail: str = "") -> None:
+    """One step of the transfer: logged, told to the conversation (its events), and kept in a
+    placed call's events."""
+    referral.progress.append(state)
+    log.info("call %s transfer to %s: %s %s %s", call.call_id, referral.target, state, status or "", detail)
+    if call.agent is not None:
+        call.agent.transfer_progress(referral.target, state, status, detail)
     if call.on_event is not None:
-        call.on_event(kind, status, detail)
+        call.on_event("transfer", status, f"{state} {referral.target}" + (f": {detail}" if detail else ""))
 
 
 def call_ended(call: SipCall) -> None:
@@ -174,15 +178,11 @@ def on_notify(calls: CallTable, context: RequestContext, transaction: ServerTran
 
 def _progress(call: SipCall, referral: Referral, status: int, reason: str) -> None:
     if status < 200:
-        step = "ringing" if status in (180, 183) else "trying"
-        referral.progress.append(step)
-        _note(call, "transfer", status, step)
+        _note(call, referral, "ringing" if status in (180, 183) else "trying", status, reason)
     elif status < 300:
-        referral.progress.append("ok")
         _settle(call, referral, TransferResult(accepted=True, status=status,
                                                detail=f"transferred to {referral.target}"))
     else:
-        referral.progress.append("failed")
         _settle(call, referral, TransferResult(
             accepted=False, status=status,
             detail=f"the transfer to {referral.target} failed: {status} {reason}; the call goes on"))

@@ -37,3 +37,13 @@ class TransferDone(ServerEvent, kw_only=True, tag="duplex.call.transfer_result")
     status: int | None = None
     detail: str = ""
     call_id: str | None = None  # the model's function call that asked for it, if it was one
+
+
+class TransferProgress(ServerEvent, kw_only=True, tag="duplex.call.transfer_progress"):
+    """A transfer under way as the far end tells it (SIP: the REFER's answer, then NOTIFYs with
+    the new call's status): accepted, trying, ringing, then ok or failed."""
+
+    target: str
+    state: str  # accepted | trying | ringing | ok | failed
+    status: int | None = None  # the SIP status behind it (202, 100, 180, 200, 486 ...)
+    detail: str = ""
