@@ -32,7 +32,6 @@ class SessionCallAgent:
         self._barge_in_listener: Callable[[], None] | None = None
         self.transport, self.output = info.transport, PHONE_OUTPUT  # the session's door (session/door.py)
         self.control = info.control
-        self.digits: list[str] = []
         self.session = sessions.open(self, call_id=info.call_id)
         speak_notice(self.session)  # a phone has no session.created to say it: a recorded call says so first
 
@@ -43,7 +42,7 @@ class SessionCallAgent:
         return self.session.pull_output(due)
 
     def dtmf(self, digit: str) -> None:
-        self.digits.append(digit)  # the conversation takes no keypad input yet
+        self.session.calls.keypad(digit)  # to the client at once, to the thinker grouped (call_tools.py)
 
     def set_barge_in_listener(self, listener: Callable[[], None]) -> None:
         self._barge_in_listener = listener

@@ -23,7 +23,7 @@ REASONS = {
     488: "Not Acceptable Here", 491: "Request Pending", 500: "Server Internal Error",
     501: "Not Implemented", 503: "Service Unavailable",
 }
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO"
 
 
 def new_tag() -> str:
