@@ -146,9 +146,11 @@ async def test_the_client_ends_the_call_sends_digits_and_learns_what_cannot_be_d
     send(plain, {"type": "duplex.call.dtmf", "digits": "5", "event_id": "d"})
     send(plain, {"type": "duplex.call.end", "event_id": "x"})
     send(plain, {"type": "duplex.call.hold", "event_id": "h"})
+    send(plain, {"type": "duplex.call.transfer", "target": "+15550100", "event_id": "t"})
+    await asyncio.wait_for(_until(lambda: plain.of_type(cev.TransferDone)), 5)
     found = errors(plain)
     assert [(e.code, e.event_id) for e in found] == [("call_control_refused", "d"), ("call_control_refused", "x"),
-                                                     ("unknown_event", "h")]
+                                                     ("unknown_event", "h"), ("call_control_refused", "t")]
     assert "cannot send keypad digits" in found[0].message and "cannot end its call" in found[1].message
 
 

@@ -201,19 +201,21 @@ class CallTools:
         self._host.tell.emit(cev.DtmfSent(digits=digits, call_id=call_id))
         return digits
 
-    def transfer(self, target: str, call_id: str | None = None) -> None:
+    def transfer(self, target: str, call_id: str | None = None, event_id: str | None = None) -> None:
+        """Start a transfer; its outcome comes as an event (and the tool's result); ``event_id``:
+        the client event that asked, named by a refusal's error."""
         target = target.strip()
         if not target or len(target) > MAX_TARGET or any(c.isspace() or not c.isprintable() for c in target):
             raise ValueError(f"transfer target {target[:40]!r}: 1-{MAX_TARGET} printable characters, no spaces")
-        self._spawn(self._transfer(target, call_id))
+        self._spawn(self._transfer(target, call_id, event_id))
 
-    async def _transfer(self, target: str, call_id: str | None) -> None:
+    async def _transfer(self, target: str, call_id: str | None, event_id: str | None) -> None:
         try:
             outcome = await self._control.transfer(target)
         except CallControlRefused as exc:
             self._host.tell.emit(cev.TransferDone(target=target, accepted=False, detail=str(exc), call_id=call_id))
             if call_id is None:
-                self._host.tell.error("call_control_refused", str(exc))
+                self._host.tell.error("call_control_refused", f"duplex.call.transfer: {exc}", event_id)
             else:
                 self._host.tools.answer(call_id, msgspec.json.encode(CallToolResult(ok=False, detail=str(exc)))
                                        .decode(), speak=False)

@@ -160,7 +160,7 @@ def _call_request(session: VoiceSession, event: ev.CallEnd | ev.CallDtmf | ev.Ca
         elif isinstance(event, ev.CallDtmf):
             session.calls.send_dtmf(event.digits)
         else:
-            session.calls.transfer(event.target)
+            session.calls.transfer(event.target, event_id=event.event_id)
     except CallControlRefused as exc:
         session.emit_error("call_control_refused", f"{kind}: {exc}", event.event_id)
     except ValueError as exc:

@@ -34,7 +34,6 @@ class SessionCallAgent:
         self._barge_in_listener: Callable[[], None] | None = None
         self.transport, self.output = info.transport, PHONE_OUTPUT  # the session's door (session/door.py)
         self.control = info.control
-        self.digits: list[str] = []
         settings = info.opening.settings if info.opening is not None else None
         # an outbound call's settings were checked when it was asked for (``opening_errors``)
         config, tools, choice = updated(sessions.config, settings, [], []) if settings else (None, None, None)
@@ -51,7 +50,7 @@ class SessionCallAgent:
         return self.session.pull_output(due)
 
     def dtmf(self, digit: str) -> None:
-        self.digits.append(digit)  # the conversation takes no keypad input yet
+        self.session.calls.keypad(digit)  # to the client at once, to the thinker grouped (call_tools.py)
 
     def transfer_progress(self, target: str, state: str, status: int | None, detail: str) -> None:
         self.session.emit(cev.TransferProgress(target=target, state=state, status=status, detail=detail))

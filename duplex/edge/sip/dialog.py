@@ -24,7 +24,7 @@ REASONS = {
     488: "Not Acceptable Here", 489: "Bad Event", 491: "Request Pending", 500: "Server Internal Error",
     501: "Not Implemented", 503: "Service Unavailable",
 }
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"  # NOTIFY: of our REFER's progress
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY"  # NOTIFY: of our REFER's progress
 
 
 def new_tag() -> str:

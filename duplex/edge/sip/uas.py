@@ -26,6 +26,7 @@ from duplex.edge.sip.headers import (
     parse_name_addr,
     parse_via,
 )
+from duplex.edge.sip.info import on_info
 from duplex.edge.sip.message import (
     SipParseError,
     SipRequest,
@@ -43,7 +44,7 @@ from duplex.edge.sip.transfer import on_notify, on_refer
 
 log = logging.getLogger(__name__)
 # methods of SIP extensions we recognise but do not do (405), as opposed to unknown ones (501)
-KNOWN_METHODS = {"REGISTER", "INFO", "PRACK", "UPDATE", "SUBSCRIBE", "NOTIFY", "REFER",
+KNOWN_METHODS = {"REGISTER", "PRACK", "UPDATE", "SUBSCRIBE", "NOTIFY", "REFER",
                  "MESSAGE", "PUBLISH"}
 LOGGED_PER_KIND = 20  # log the first few drops of each kind, then every 100th
 COUNTERS = (  # always reported, zero or not, so dashboards and tests see every one
@@ -198,6 +199,7 @@ class SipServer:
         transaction = self.transactions.open(context.key, context.addr)
         handler = {"INVITE": self.calls.on_invite, "BYE": self.calls.on_bye,
                    "CANCEL": self.calls.on_cancel, "OPTIONS": self._on_options,
+                   "INFO": lambda c, t: on_info(self.calls, c, t),
                    "NOTIFY": lambda c, t: on_notify(self.calls, c, t),  # our REFER's progress
                    "REFER": lambda c, t: on_refer(self.calls, c, t),
                    }.get(context.method)
@@ -209,7 +211,7 @@ class SipServer:
         self.respond(context.request, transaction, status, headers=[("Allow", ALLOW)])
 
     def _in_a_call(self, context: RequestContext) -> bool:
-        return context.method in ("BYE", "CANCEL", "INVITE") and context.call_id in self.calls.active
+        return context.method in ("BYE", "CANCEL", "INVITE", "INFO") and context.call_id in self.calls.active
 
     def _on_options(self, context: RequestContext, transaction: ServerTransaction) -> None:
         to_tag = context.to.tag or self.calls.local_tag_for(context.call_id)
