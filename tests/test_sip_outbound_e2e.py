@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import time
 
 import httpx
-import numpy as np
 import pytest
 
-from duplex.edge.media import g711
-from duplex.edge.media.rtp import RtpPacket, parse_rtp
-from duplex.edge.sip.message import SipRequest, SipResponse, parse_message
 from duplex_tools.harness import ServerProcess, wait_stats
+from tests.sip_callee import Callee
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 KEY = "outbound-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-LOUD = 1000  # int16 RMS of a 20 ms frame that counts as speech
 FIRST_MESSAGE_BUDGET_S = 1.0
 
 
@@ -38,100 +33,6 @@ def server():
         assert match, "".join(proc.output)
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
-
-
-class Callee:
-    """A phone that is called: answers INVITEs on a real socket, listens to RTP on another."""
-
-    def __init__(self) -> None:
-        self.sip = _udp()
-        self.rtp = _udp()
-        self.packets: list[tuple[float, RtpPacket]] = []
-        self.ok_sent_at = 0.0
-        self.invite: SipRequest | None = None
-        self.tag = "callee1"
-
-    @property
-    def uri(self) -> str:
-        return f"sip:alice@127.0.0.1:{self.sip.getsockname()[1]}"
-
-    async def next_request(self, method: str, timeout: float = 10.0) -> tuple[SipRequest, tuple]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            data, addr = await asyncio.wait_for(loop.sock_recvfrom(self.sip, 65535), deadline - loop.time())
-            message = parse_message(data)
-            if isinstance(message, SipRequest) and message.method == method:
-                return message, addr
-
-    async def next_response(self, method: str, timeout: float = 10.0) -> SipResponse:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            data = await asyncio.wait_for(loop.sock_recv(self.sip, 65535), deadline - loop.time())
-            message = parse_message(data)
-            if isinstance(message, SipResponse) and (message.get("CSeq") or "").endswith(method):
-                return message
-
-    def respond(self, request: SipRequest, addr: tuple, status: int, reason: str, body: bytes = b"") -> None:
-        response = SipResponse(status=status, reason=reason)
-        for name in ("Via", "From", "Call-ID", "CSeq"):
-            for value in request.get_all(name):
-                response.add(name, value)
-        to = request.get("To") or ""
-        response.add("To", to if ";tag=" in to else f"{to};tag={self.tag}")
-        response.add("Contact", f"<{self.uri}>")
-        if body:
-            response.add("Content-Type", "application/sdp")
-            response.body = body
-        self.sip.sendto(response.serialize(), addr)
-
-    async def answer(self) -> tuple:
-        self.invite, addr = await self.next_request("INVITE")
-        self.respond(self.invite, addr, 180, "Ringing")
-        port = self.rtp.getsockname()[1]
-        sdp = ("v=0\r\no=alice 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
-               f"m=audio {port} RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
-               "a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n").encode()
-        self.ok_sent_at = time.monotonic()
-        self.respond(self.invite, addr, 200, "OK", sdp)
-        await self.next_request("ACK")
-        return addr
-
-    async def listen(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            data = await loop.sock_recv(self.rtp, 2048)
-            self.packets.append((time.monotonic(), parse_rtp(data)))
-
-    def first_loud(self) -> float | None:
-        for arrival, packet in self.packets:
-            pcm = g711.decode(packet.payload, "PCMU").astype(np.float64)
-            if np.sqrt(np.mean(pcm ** 2)) > LOUD:
-                return arrival
-        return None
-
-    def hang_up(self, addr: tuple) -> None:
-        assert self.invite is not None
-        bye = SipRequest(method="BYE", uri=self.invite.get("Contact").strip("<>"))
-        bye.add("Via", f"SIP/2.0/UDP 127.0.0.1:{self.sip.getsockname()[1]};branch=z9hG4bKbye1;rport")
-        bye.add("Max-Forwards", "70")
-        bye.add("From", f"{self.invite.get('To')};tag={self.tag}")
-        bye.add("To", self.invite.get("From"))
-        bye.add("Call-ID", self.invite.get("Call-ID"))
-        bye.add("CSeq", "1 BYE")
-        self.sip.sendto(bye.serialize(), addr)
-
-    def close(self) -> None:
-        self.sip.close()
-        self.rtp.close()
-
-
-def _udp() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.setblocking(False)
-    return sock
 
 
 def _nothing_left(current: dict) -> bool:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from duplex.edge.phone.amd import AmdPolicy
 from duplex.session.call_control import CallControl, NoCallControl
 from duplex.session.realtime.events import SessionSettings
 
@@ -26,6 +27,8 @@ class CallOpening:
 
     settings: SessionSettings | None = None
     first_message: str = ""
+    machine: AmdPolicy | None = None  # screen for an answering machine, and what to do if one answers
+    report: Callable[[str, int | None, str], None] | None = None  # (kind, SIP status, detail): the placed call's log
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import numpy as np
 
 from duplex.audio import SESSION_RATE
 from duplex.edge.phone.bridge import AgentFactory, AgentUnavailable, CallAgent, CallInfo, Reserve
+from duplex.edge.phone.screen import NO_BEEP_WAIT_MS, MachineScreen, ScreenStep
 from duplex.session.door import AudioClear
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.playout import OutputFormat
@@ -39,12 +40,52 @@ class SessionCallAgent:
         config, tools, choice = updated(sessions.config, settings, [], []) if settings else (None, None, None)
         self.session = sessions.open(self, config, call_id=info.call_id)
         self.session.tools.configure(tools, choice)
+        opening = info.opening
+        self._first_message = opening.first_message if opening is not None else ""
+        self._screen = MachineScreen(opening.machine, self.input_rate) if opening and opening.machine else None
+        if self._screen is None:  # screened calls speak once they know who answered
+            self._speak_first()
+
+    def _speak_first(self) -> None:
         # a phone has no session.created to say it: a recorded call says so first, then the
         # outbound call's first message
-        speak_notice(self.session, info.opening.first_message if info.opening is not None else "")
+        speak_notice(self.session, self._first_message)
 
     def caller_audio(self, pcm: np.ndarray, arrival: float) -> None:
+        screen = self._screen
+        if screen is not None:
+            step = screen.hear(pcm)
+            if step is not None:
+                self._screened(screen, step)
+            if screen.withholding:  # the conversation must not answer a machine's greeting
+                pcm = np.zeros_like(pcm)
         self.session.push_input(pcm, arrival)
+
+    def _screened(self, screen: MachineScreen, step: ScreenStep) -> None:
+        decision = screen.decision
+        assert decision is not None
+        decided = not screen.decision_told
+        if decided:  # told once, when decided (a beep already over: decided and leaving at once)
+            screen.decision_told = True
+            self.session.emit(cev.AnsweringMachine(verdict=decision.verdict.value, decided_ms=decision.decided_ms,
+                                                   reason=decision.reason, beep=decision.beep,
+                                                   action=screen.policy.value if step is not ScreenStep.SPEAK
+                                                   else "speak"))
+        report = self.info.opening.report if self.info.opening is not None else None
+        if report is not None:
+            if decided:
+                report(f"answered_by_{decision.verdict.value}", None, decision.reason)
+            if step is ScreenStep.LEAVE_MESSAGE:
+                report("leaving_message", None, "the beep is over" if screen.detector.beep_end_ms is not None
+                       else f"no beep within {NO_BEEP_WAIT_MS} ms")
+        if step is ScreenStep.SPEAK:
+            self._screen = None
+            self._speak_first()
+        elif step is ScreenStep.HANG_UP:
+            self.session.calls.end("an answering machine answered", after_reply=False)
+        elif step is ScreenStep.LEAVE_MESSAGE:
+            self._speak_first()
+            self.session.calls.end("message left", after_reply=True)
 
     def agent_audio(self, due: float) -> np.ndarray:
         return self.session.pull_output(due)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import secrets
 import socket
@@ -64,6 +65,7 @@ class OutboundCalls:
         self._admit(target)
         self._started.append(time.monotonic())
         placed = PlacedCall(target, opening)
+        placed.opening = dataclasses.replace(opening, report=placed.note)  # screening's verdicts join its events
         self.placed[placed.id] = placed
         self._forget_old()
         placed.task = asyncio.get_running_loop().create_task(self._dial(placed))

@@ -15,6 +15,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from duplex.edge.phone.amd import AmdPolicy
 from duplex.edge.phone.bridge import CallOpening
 from duplex.edge.phone.session_agent import opening_errors
 from duplex.edge.sip.outbound import OutboundCalls, OutboundRefused
@@ -29,6 +30,9 @@ class OutboundAsk(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     to: Annotated[str, msgspec.Meta(max_length=256)]  # the SIP URI to call
     session: SessionSettings | None = None  # instructions, tools, voice, turn detection (Realtime shape)
     first_message: Annotated[str, msgspec.Meta(max_length=2000)] = ""  # said when the callee answers
+    # screen for an answering machine (``edge/phone/amd``) and, if one answers, leave the first
+    # message after its beep or hang up; absent: no screening, the first message at once
+    answering_machine: AmdPolicy | None = None
 
 
 def _error(status: int, code: str, message: str, retry_after_s: int | None = None) -> JSONResponse:
@@ -78,7 +82,7 @@ def outbound_router(outbound: OutboundCalls, sessions: SessionManager) -> APIRou
         if problem is not None:
             return _error(400, "invalid_session_settings", problem)
         try:
-            placed = outbound.place(ask.to, CallOpening(ask.session, ask.first_message))
+            placed = outbound.place(ask.to, CallOpening(ask.session, ask.first_message, ask.answering_machine))
         except OutboundRefused as exc:
             return _error(exc.status, exc.code, str(exc), exc.retry_after_s)
         return _view(placed.view(), 201)

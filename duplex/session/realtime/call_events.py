@@ -47,3 +47,13 @@ class TransferProgress(ServerEvent, kw_only=True, tag="duplex.call.transfer_prog
     state: str  # accepted | trying | ringing | ok | failed
     status: int | None = None  # the SIP status behind it (202, 100, 180, 200, 486 ...)
     detail: str = ""
+
+
+class AnsweringMachine(ServerEvent, kw_only=True, tag="duplex.call.answering_machine"):
+    """A placed call's screening decided who answered, and what the call does about it."""
+
+    verdict: str  # human | machine
+    decided_ms: int  # from the answer
+    reason: str
+    beep: bool
+    action: str  # speak (a person: the first message) | leave_message (after the beep) | hang_up

@@ -1,0 +1,128 @@
+"""A phone that is called (for tests of calls duplex places): answers INVITEs on a real socket,
+listens to the RTP duplex sends on another (timing what it hears), and can play audio back."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import numpy as np
+
+from duplex.edge.media import g711
+from duplex.edge.media.rtp import RtpPacket, parse_rtp
+from duplex.edge.sip.message import SipRequest, SipResponse, parse_message
+from duplex.edge.sip.sdp import parse_sdp
+from duplex.session.pacing import FramePacer
+
+LOUD = 1000  # int16 RMS of a 20 ms frame that counts as speech
+
+
+class Callee:
+    """A phone that is called: answers INVITEs on a real socket, listens to RTP on another."""
+
+    def __init__(self) -> None:
+        self.sip = _udp()
+        self.rtp = _udp()
+        self.packets: list[tuple[float, RtpPacket]] = []
+        self.ok_sent_at = 0.0
+        self.invite: SipRequest | None = None
+        self.tag = "callee1"
+
+    @property
+    def uri(self) -> str:
+        return f"sip:alice@127.0.0.1:{self.sip.getsockname()[1]}"
+
+    async def next_request(self, method: str, timeout: float = 10.0) -> tuple[SipRequest, tuple]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            data, addr = await asyncio.wait_for(loop.sock_recvfrom(self.sip, 65535), deadline - loop.time())
+            message = parse_message(data)
+            if isinstance(message, SipRequest) and message.method == method:
+                return message, addr
+
+    async def next_response(self, method: str, timeout: float = 10.0) -> SipResponse:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            data = await asyncio.wait_for(loop.sock_recv(self.sip, 65535), deadline - loop.time())
+            message = parse_message(data)
+            if isinstance(message, SipResponse) and (message.get("CSeq") or "").endswith(method):
+                return message
+
+    def respond(self, request: SipRequest, addr: tuple, status: int, reason: str, body: bytes = b"") -> None:
+        response = SipResponse(status=status, reason=reason)
+        for name in ("Via", "From", "Call-ID", "CSeq"):
+            for value in request.get_all(name):
+                response.add(name, value)
+        to = request.get("To") or ""
+        response.add("To", to if ";tag=" in to else f"{to};tag={self.tag}")
+        response.add("Contact", f"<{self.uri}>")
+        if body:
+            response.add("Content-Type", "application/sdp")
+            response.body = body
+        self.sip.sendto(response.serialize(), addr)
+
+    async def answer(self) -> tuple:
+        self.invite, addr = await self.next_request("INVITE")
+        self.respond(self.invite, addr, 180, "Ringing")
+        port = self.rtp.getsockname()[1]
+        sdp = ("v=0\r\no=alice 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+               f"m=audio {port} RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
+               "a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n").encode()
+        self.ok_sent_at = time.monotonic()
+        self.respond(self.invite, addr, 200, "OK", sdp)
+        await self.next_request("ACK")
+        return addr
+
+    async def listen(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            data = await loop.sock_recv(self.rtp, 2048)
+            self.packets.append((time.monotonic(), parse_rtp(data)))
+
+    def first_loud(self, after: float = 0.0) -> float | None:
+        """When the first frame of speech from duplex arrived (at or after ``after``)."""
+        for arrival, packet in list(self.packets):
+            if arrival < after:
+                continue
+            pcm = g711.decode(packet.payload, "PCMU").astype(np.float64)
+            if np.sqrt(np.mean(pcm ** 2)) > LOUD:
+                return arrival
+        return None
+
+    def hang_up(self, addr: tuple) -> None:
+        assert self.invite is not None
+        bye = SipRequest(method="BYE", uri=self.invite.get("Contact").strip("<>"))
+        bye.add("Via", f"SIP/2.0/UDP 127.0.0.1:{self.sip.getsockname()[1]};branch=z9hG4bKbye1;rport")
+        bye.add("Max-Forwards", "70")
+        bye.add("From", f"{self.invite.get('To')};tag={self.tag}")
+        bye.add("To", self.invite.get("From"))
+        bye.add("Call-ID", self.invite.get("Call-ID"))
+        bye.add("CSeq", "1 BYE")
+        self.sip.sendto(bye.serialize(), addr)
+
+    def close(self) -> None:
+        self.sip.close()
+        self.rtp.close()
+
+    async def play(self, pcm: np.ndarray) -> float:
+        """Send 8 kHz int16 ``pcm`` as PCMU to duplex's RTP port, paced at 20 ms a packet; returns
+        when its last packet left (monotonic)."""
+        assert self.invite is not None
+        port = next(m.port for m in parse_sdp(self.invite.body).media if m.kind == "audio")
+        pacer = FramePacer(0.02)
+        for seq, start in enumerate(range(0, len(pcm) - len(pcm) % 160, 160)):
+            await pacer.wait_next()
+            payload = g711.encode(pcm[start:start + 160], "PCMU")
+            packet = RtpPacket(0, seq & 0xFFFF, 160 * seq, 0x5EED, payload)
+            self.rtp.sendto(packet.serialize(), ("127.0.0.1", port))
+        return time.monotonic()
+
+
+def _udp() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    return sock
