@@ -28,6 +28,7 @@ class Callee:
         self.ok_sent_at = 0.0
         self.invite: SipRequest | None = None
         self.tag = "callee1"
+        self._last: tuple[bytes, tuple] | None = None
 
     @property
     def uri(self) -> str:
@@ -62,19 +63,31 @@ class Callee:
         if body:
             response.add("Content-Type", "application/sdp")
             response.body = body
+        self._last = (response.serialize(), addr)
         self.sip.sendto(response.serialize(), addr)
 
     async def answer(self) -> tuple:
-        self.invite, addr = await self.next_request("INVITE")
-        self.respond(self.invite, addr, 180, "Ringing")
+        """The next INVITE rings, is answered, and its ACK taken; returns where it came from."""
+        invite, addr = await self.next_request("INVITE")
+        await self.answer_invite(invite, addr)
+        await self.next_request("ACK")
+        return addr
+
+    async def answer_invite(self, invite: SipRequest, addr: tuple) -> None:
+        """180, then 200 OK with our SDP (its sending time kept in ``ok_sent_at``)."""
+        self.invite = invite
+        self.respond(invite, addr, 180, "Ringing")
         port = self.rtp.getsockname()[1]
         sdp = ("v=0\r\no=alice 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
                f"m=audio {port} RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
                "a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n").encode()
         self.ok_sent_at = time.monotonic()
-        self.respond(self.invite, addr, 200, "OK", sdp)
-        await self.next_request("ACK")
-        return addr
+        self.respond(invite, addr, 200, "OK", sdp)
+
+    def resend_last(self) -> None:
+        """The last response again, as a callee does whose response was not acknowledged."""
+        assert self._last is not None
+        self.sip.sendto(*self._last)
 
     async def listen(self) -> None:
         loop = asyncio.get_running_loop()

@@ -37,7 +37,20 @@ def test_bare_sip_flag_means_loopback_5060_and_loopback_allowlist():
     assert sip.allow == ["127.0.0.0/8", "::1/128"] and not sip.auth_users
 
 
+def test_outbound_options_build_the_outbound_config():
+    assert _phone("--sip").sip.outbound.allow == []  # off unless targets are allowed
+    outbound = _phone("--sip", "--sip-outbound-allow", "sip:+1555*@trunk.test", "--sip-trunk", "10.0.0.7:5060",
+                      "--sip-trunk-user", "acct:pw", "--sip-outbound-max", "4", "--sip-outbound-per-minute", "20",
+                      "--sip-ring-timeout-s", "12").sip.outbound
+    assert outbound.allow == ["sip:+1555*@trunk.test"] and outbound.trunk == "10.0.0.7:5060"
+    assert outbound.trunk_user == "acct" and outbound.trunk_password.get_secret_value() == "pw"
+    assert (outbound.max_calls, outbound.per_minute, outbound.ring_timeout_s) == (4, 20, 12.0)
+
+
 @pytest.mark.parametrize("argv", [
+    ["--sip", "127.0.0.1:0", "--sip-trunk", "nohostport"],
+    ["--sip", "127.0.0.1:0", "--sip-trunk-user", "nopassword"],
+    ["--sip", "127.0.0.1:0", "--sip-ring-timeout-s", "0"],
     ["--sip", "nohostport"], ["--sip", "127.0.0.1:99999"], ["--sip", "127.0.0.1:0",
                                                               "--sip-allow", "10.0.0.0/40"],
     ["--sip", "127.0.0.1:0", "--sip-user", "nopassword"],

@@ -17,6 +17,7 @@ from duplex.edge.sip.config import OutboundConfig, SipConfig
 from duplex.edge.sip.outbound import OutboundRefused
 from duplex.edge.sip.placed import PlacedCall, PlacedState
 from duplex.edge.sip.uas import SipServer
+from tests.sip_callee import Callee as RawCallee
 from tests.sip_helpers import ToneAgent, wait_until
 
 pytestmark = [pytest.mark.timeout(60),
@@ -253,4 +254,31 @@ async def test_concurrent_cap_and_rate():
         await _nothing_left(server)
     finally:
         silent.close()
+        await server.stop()
+
+
+async def test_invite_retransmitted_until_answered_and_every_200_acked():
+    """Timer A: the INVITE again, same branch, until something answers; a 200 OK sent again
+    (its ACK lost) is ACKed again (RFC 6026's Accepted state); DELETE's BYE ends it."""
+    server = await _serve()
+    callee = RawCallee()
+    try:
+        placed = server.outbound.place(callee.uri, CallOpening())
+        first, addr = await callee.next_request("INVITE")
+        again, _ = await callee.next_request("INVITE")  # nothing answered: sent again after T1
+        assert again.get("Via") == first.get("Via") and again.get("CSeq") == "1 INVITE"
+        await callee.answer_invite(first, addr)
+        ack, _ = await callee.next_request("ACK")
+        assert ack.get("CSeq") == "1 ACK"
+        callee.resend_last()  # as if the ACK were lost
+        ack_again, _ = await callee.next_request("ACK")
+        assert ack_again.get("CSeq") == "1 ACK"
+        await wait_until(lambda: placed.state is PlacedState.ANSWERED, 5, "answered")
+        server.outbound.hang_up(placed)
+        bye, _ = await callee.next_request("BYE")
+        callee.respond(bye, addr, 200, "OK")
+        await wait_until(lambda: placed.state is PlacedState.ENDED, 5, "ended")
+        await _nothing_left(server)
+    finally:
+        callee.close()
         await server.stop()

@@ -211,7 +211,8 @@ class SipServer:
         self.respond(context.request, transaction, status, headers=[("Allow", ALLOW)])
 
     def _in_a_call(self, context: RequestContext) -> bool:
-        return context.method in ("BYE", "CANCEL", "INVITE", "INFO") and context.call_id in self.calls.active
+        return (context.method in ("BYE", "CANCEL", "INVITE", "INFO", "NOTIFY")
+                and context.call_id in self.calls.active)
 
     def _on_options(self, context: RequestContext, transaction: ServerTransaction) -> None:
         to_tag = context.to.tag or self.calls.local_tag_for(context.call_id)
