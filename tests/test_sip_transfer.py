@@ -177,6 +177,10 @@ async def test_bad_notify_and_refer_are_refused_and_the_call_goes_on():
         peer.reply(refer, 202, "Accepted")
         with pytest.raises(CallControlRefused, match="already under way"):
             await SipCallControl(server.calls, call).transfer(CAROL)
+        for _ in range(20):  # a chatty far end: "trying" is told once
+            peer.send(peer.request("NOTIFY", headers=[("Event", "refer")], body=b"SIP/2.0 100 Trying\r\n",
+                                   content_type="message/sipfrag"))
+            await peer.next(status=200)
         peer.send(peer.request("NOTIFY", headers=[("Event", "refer")], body=b"ringing", content_type="text/plain"))
         assert (await peer.next(status=415)).get("Accept") == "message/sipfrag"
         peer.send(peer.request("NOTIFY", headers=[("Event", "refer;id=2")], body=b"not a status line",
@@ -187,7 +191,7 @@ async def test_bad_notify_and_refer_are_refused_and_the_call_goes_on():
         await peer.next(status=200)
         result = await asyncio.wait_for(transfer, 5)
         assert (result.accepted, result.status) == (False, 603)
-        assert agents.made[0].transfers == [("accepted", 202), ("failed", 603)]
+        assert agents.made[0].transfers == [("accepted", 202), ("trying", 100), ("failed", 603)]
         assert call.state is CallState.CONFIRMED  # the call goes on with the agent
         peer.send(peer.request("BYE"))
         await peer.next(status=200)

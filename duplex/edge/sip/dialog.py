@@ -81,7 +81,7 @@ class Referral:
     target: str
     outcome: asyncio.Future  # of a TransferResult
     accepted: bool = False  # the far end said 202
-    progress: list[str] = field(default_factory=list)  # trying, ringing, ok, failed as NOTIFYs told
+    state: str = ""  # the last step told (accepted, trying, ringing, ok, failed)
 
 
 class CallState(enum.Enum):

@@ -98,6 +98,13 @@ class OutboundCalls:
     # -- dialling -------------------------------------------------------------------------------
 
     async def _dial(self, placed: PlacedCall) -> None:
+        try:
+            await self._open_and_invite(placed)
+        except Exception:  # a bug costs this call (failed, its socket closed), never the cap's slot
+            log.exception("placed call %s: dialling failed", placed.id)
+            self._fail(placed, None, "internal error while dialling")
+
+    async def _open_and_invite(self, placed: PlacedCall) -> None:
         server, config = self.server, self.server.config
         try:
             placed.destination = await self._destination(placed.target)

@@ -17,6 +17,8 @@ from duplex.edge.sip.dialog import SipCall
 from duplex.edge.sip.media import CallMedia
 from duplex.edge.sip.transactions import Address
 
+MAX_EVENTS = 64  # per placed call
+
 
 class PlacedState(enum.Enum):
     CALLING = "calling"  # INVITE sent, nothing but 100 Trying back
@@ -73,6 +75,8 @@ class PlacedCall:
         return self.state in (PlacedState.CALLING, PlacedState.RINGING, PlacedState.ANSWERED)
 
     def note(self, kind: str, sip_status: int | None = None, detail: str = "") -> None:
+        if len(self.events) >= MAX_EVENTS:  # what a chatty peer can make us keep is bounded
+            return
         self.events.append(CallEvent(type=kind, at_s=round(time.monotonic() - self.created, 3),
                                      sip_status=sip_status, detail=detail))
 

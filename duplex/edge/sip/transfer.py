@@ -120,8 +120,10 @@ def _settle(call: SipCall, referral: Referral, result: TransferResult) -> None:
 
 def _note(call: SipCall, referral: Referral, state: str, status: int | None, detail: str = "") -> None:
     """One step of the transfer: logged, told to the conversation (its events), and kept in a
-    placed call's events."""
-    referral.progress.append(state)
+    placed call's events; a step told again (NOTIFYs repeating "trying") is not told twice."""
+    if state == referral.state:
+        return
+    referral.state = state
     log.info("call %s transfer to %s: %s %s %s", call.call_id, referral.target, state, status or "", detail)
     if call.agent is not None:
         call.agent.transfer_progress(referral.target, state, status, detail)
