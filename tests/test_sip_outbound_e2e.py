@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 KEY = "outbound-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 FIRST_MESSAGE_BUDGET_S = 1.0
+CALLS = 5
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +43,26 @@ def _nothing_left(current: dict) -> bool:
             and current["sessions"]["live"] == 0)
 
 
-async def test_placed_call_says_its_first_message_within_a_second(server):
+async def test_placed_calls_say_their_first_message_within_a_second(server):
+    delays = [await _one_call(server, first=number == 0) for number in range(CALLS)]
+    print("first message heard after the 200 OK (ms): " + ", ".join(f"{d * 1000:.0f}" for d in delays)
+          + f"; median {sorted(delays)[len(delays) // 2] * 1000:.0f}, max {max(delays) * 1000:.0f}")
+    assert max(delays) < FIRST_MESSAGE_BUDGET_S
+    # the INVITEs' transactions absorb retransmitted 200 OKs for 64*T1 (RFC 6026), then go
+    await wait_stats(server.url, _nothing_left, 64 * 0.5 + 5, headers=AUTH)
+
+
+async def _one_call(server, first: bool) -> float:
+    """One call placed, answered, its first message timed, hung up by the callee."""
     callee = Callee()
     listener = asyncio.get_running_loop().create_task(callee.listen())
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
             ask = {"to": callee.uri, "first_message": "Hello, this is your appointment reminder.",
                    "session": {"instructions": "You remind people of appointments."}}
-            refused = await http.post("/v1/calls/outbound", json=ask)
-            assert refused.status_code == 401  # the API key is required
+            if first:
+                refused = await http.post("/v1/calls/outbound", json=ask)
+                assert refused.status_code == 401  # the API key is required
             placed = await http.post("/v1/calls/outbound", json=ask, headers=AUTH)
             assert placed.status_code == 201, placed.text
             call_id = placed.json()["id"]
@@ -58,17 +70,14 @@ async def test_placed_call_says_its_first_message_within_a_second(server):
             addr = await callee.answer()
             await _wait(lambda: callee.first_loud() is not None, 10, "the first message on the wire")
             delay = callee.first_loud() - callee.ok_sent_at
-            print(f"first message heard {delay * 1000:.0f} ms after the 200 OK")
-            assert delay < FIRST_MESSAGE_BUDGET_S
             view = (await http.get(f"/v1/calls/outbound/{call_id}", headers=AUTH)).json()
             assert view["state"] == "answered" and view["sip_status"] == 200
             assert [e["type"] for e in view["events"]] == ["calling", "ringing", "answered"]
             callee.hang_up(addr)
             assert (await callee.next_response("BYE")).status == 200
             view = await _wait_state(http, call_id, "ended")
-            assert view["events"][-1]["type"] == "ended"
-        # the INVITE's transaction absorbs retransmitted 200 OKs for 64*T1 (RFC 6026), then goes
-        await wait_stats(server.url, _nothing_left, 64 * 0.5 + 5, headers=AUTH)
+            assert view["events"][-1]["type"] == "ended" and view["reason"] == "callee hung up"
+        return delay
     finally:
         listener.cancel()
         await asyncio.gather(listener, return_exceptions=True)
