@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -14,8 +15,10 @@ from duplex.edge.media.rtp import RtpPacket, parse_rtp
 from duplex.edge.sip.message import SipRequest, SipResponse, parse_message
 from duplex.edge.sip.sdp import parse_sdp
 from duplex.session.pacing import FramePacer
+from tests.sip_helpers import wait_until
 
 LOUD = 1000  # int16 RMS of a 20 ms frame that counts as speech
+SIPP = Path(__file__).parent / "sipp"
 
 
 class Callee:
@@ -139,3 +142,52 @@ def _udp() -> socket.socket:
     sock.bind(("127.0.0.1", 0))
     sock.setblocking(False)
     return sock
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+class SippCallee:
+    """SIPp running a UAS scenario on a port of its own."""
+
+    def __init__(self, scenario: str, tmp_path: Path, *keys: str, fill: dict[str, str] | None = None) -> None:
+        self.tmp_path, self.keys = tmp_path, keys
+        text = (SIPP / scenario).read_text()
+        for placeholder, value in (fill or {}).items():  # SIPp checks status codes as it loads
+            text = text.replace(placeholder, value)
+        self.scenario = tmp_path / scenario
+        self.scenario.write_text(text)
+        self.port = free_port()
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> SippCallee:
+        self.proc = await asyncio.create_subprocess_exec(
+            "sipp", "-sf", str(self.scenario), "-i", "127.0.0.1", "-mi", "127.0.0.1",
+            "-p", str(self.port), "-mp", "0", "-m", "1", "-nostdin", "-timeout", "20s", "-timeout_error",
+            *self.keys, cwd=self.tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        await wait_until(lambda: _taken(self.port) or self.proc.returncode is not None, 10, "sipp listening")
+        if self.proc.returncode is not None:
+            raise AssertionError(f"sipp exited: {(await self.result())[1][-2000:]}")
+        return self
+
+    async def result(self) -> tuple[int | None, str]:
+        assert self.proc is not None
+        output, _ = await asyncio.wait_for(self.proc.communicate(), 30)
+        return self.proc.returncode, output.decode(errors="replace")
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()

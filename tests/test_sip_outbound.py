@@ -5,10 +5,8 @@ is left: no call, RTP socket, ringing call or client transaction."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import socket
-from pathlib import Path
 
 import pytest
 
@@ -18,11 +16,11 @@ from duplex.edge.sip.outbound import OutboundRefused
 from duplex.edge.sip.placed import PlacedCall, PlacedState
 from duplex.edge.sip.uas import SipServer
 from tests.sip_callee import Callee as RawCallee
+from tests.sip_callee import SippCallee, free_port
 from tests.sip_helpers import ToneAgent, wait_until
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (sip-tester) missing")]
-SCENARIOS = Path(__file__).parent / "sipp"
 T1_MS = 50  # timers B/F and the Accepted/Completed states last 64*T1 = 3.2 s
 
 
@@ -36,55 +34,6 @@ async def _serve(**outbound) -> SipServer:
     server = SipServer(config, _tone_agent)
     await server.start()
     return server
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
-class Callee:
-    """SIPp running a UAS scenario on a port of its own."""
-
-    def __init__(self, scenario: str, tmp_path: Path, *keys: str, fill: dict[str, str] | None = None) -> None:
-        self.tmp_path, self.keys = tmp_path, keys
-        text = (SCENARIOS / scenario).read_text()
-        for placeholder, value in (fill or {}).items():  # SIPp checks status codes as it loads
-            text = text.replace(placeholder, value)
-        self.scenario = tmp_path / scenario
-        self.scenario.write_text(text)
-        self.port = _free_port()
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def __aenter__(self) -> Callee:
-        self.proc = await asyncio.create_subprocess_exec(
-            "sipp", "-sf", str(self.scenario), "-i", "127.0.0.1", "-mi", "127.0.0.1",
-            "-p", str(self.port), "-mp", "0", "-m", "1", "-nostdin", "-timeout", "20s", "-timeout_error",
-            *self.keys, cwd=self.tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        await wait_until(lambda: _taken(self.port) or self.proc.returncode is not None, 10, "sipp listening")
-        if self.proc.returncode is not None:
-            raise AssertionError(f"sipp exited: {(await self.result())[1][-2000:]}")
-        return self
-
-    async def result(self) -> tuple[int | None, str]:
-        assert self.proc is not None
-        output, _ = await asyncio.wait_for(self.proc.communicate(), 30)
-        return self.proc.returncode, output.decode(errors="replace")
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
 
 
 async def _nothing_left(server: SipServer) -> None:
@@ -103,7 +52,7 @@ def _types(placed: PlacedCall) -> list[str]:
 async def test_callee_answers_then_we_hang_up(tmp_path):
     server = await _serve()
     try:
-        async with Callee("uas_answer.xml", tmp_path) as callee:
+        async with SippCallee("uas_answer.xml", tmp_path) as callee:
             placed = server.outbound.place(f"sip:bob@127.0.0.1:{callee.port}", CallOpening())
             await wait_until(lambda: placed.state is PlacedState.ANSWERED, 10, "answered")
             assert server.stats()["calls"] == 1
@@ -127,7 +76,7 @@ async def test_callee_answers_then_we_hang_up(tmp_path):
 async def test_callee_refuses(tmp_path, status, reason):
     server = await _serve()
     try:
-        async with Callee("uas_refuse.xml", tmp_path, fill={"STATUS_CODE": str(status),
+        async with SippCallee("uas_refuse.xml", tmp_path, fill={"STATUS_CODE": str(status),
                                                             "REASON_PHRASE": reason}) as callee:
             placed = server.outbound.place(f"sip:bob@127.0.0.1:{callee.port}", CallOpening())
             rc, output = await callee.result()  # 0: it got the ACK of its refusal
@@ -145,7 +94,7 @@ async def test_callee_refuses(tmp_path, status, reason):
 async def test_unanswered_call_is_cancelled(tmp_path):
     server = await _serve(ring_timeout_s=1.0)
     try:
-        async with Callee("uas_ring.xml", tmp_path) as callee:
+        async with SippCallee("uas_ring.xml", tmp_path) as callee:
             placed = server.outbound.place(f"sip:bob@127.0.0.1:{callee.port}", CallOpening())
             rc, output = await callee.result()  # 0: CANCEL came, and the ACK of its 487
             assert rc == 0, output[-2000:]
@@ -159,7 +108,7 @@ async def test_unanswered_call_is_cancelled(tmp_path):
 
 
 async def test_trunk_digest_challenge_answered_once(tmp_path):
-    async with Callee("uas_trunk_auth.xml", tmp_path) as trunk:
+    async with SippCallee("uas_trunk_auth.xml", tmp_path) as trunk:
         server = await _serve(allow=["sip:+1555*@trunk.test"], trunk=f"127.0.0.1:{trunk.port}",
                               trunk_user="alice", trunk_password="s3cret")
         try:
@@ -177,7 +126,7 @@ async def test_trunk_digest_challenge_answered_once(tmp_path):
 
 
 async def test_wrong_trunk_password_fails_without_a_second_try(tmp_path):
-    async with Callee("uas_trunk_auth.xml", tmp_path) as trunk:
+    async with SippCallee("uas_trunk_auth.xml", tmp_path) as trunk:
         server = await _serve(allow=["sip:*@trunk.test"], trunk=f"127.0.0.1:{trunk.port}",
                               trunk_user="alice", trunk_password="wrong")
         try:
@@ -195,7 +144,7 @@ async def test_wrong_trunk_password_fails_without_a_second_try(tmp_path):
 async def test_unreachable_target_times_out():
     server = await _serve()
     try:
-        placed = server.outbound.place(f"sip:nobody@127.0.0.1:{_free_port()}", CallOpening())
+        placed = server.outbound.place(f"sip:nobody@127.0.0.1:{free_port()}", CallOpening())
         await wait_until(lambda: placed.state is PlacedState.FAILED, 64 * T1_MS / 1000 + 5, "failed")
         assert (placed.sip_status, placed.reason) == (408, "no response to the INVITE")
         assert placed.events[-1].at_s >= 64 * T1_MS / 1000  # timer B, not earlier

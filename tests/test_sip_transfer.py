@@ -23,6 +23,7 @@ from duplex.edge.sip.control import SipCallControl
 from duplex.edge.sip.dialog import CallState, SipCall
 from duplex.edge.sip.uas import SipServer
 from duplex.session.call_control import CallControlRefused
+from tests.sip_callee import SippCallee
 from tests.sip_helpers import RtpPhone, SipPeer, ToneAgent, sdp_offer, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -221,3 +222,44 @@ async def test_transfer_refused_where_no_target_is_allowed():
         peer.close()
         await phone.close()
         await server.stop()
+
+
+@pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (sip-tester) missing")
+async def test_refer_target_gets_the_invite_with_our_referred_by(tmp_path):
+    """The whole blind transfer: the caller (the test's phone) follows our REFER as a phone does,
+    calling the Refer-To target with the REFER's Referred-By (RFC 3892); SIPp as that target
+    checks the header, answers; the phone's NOTIFY 200 makes duplex leave with BYE."""
+    async with SippCallee("uas_refer_target.xml", tmp_path) as carol:
+        target = f"sip:carol@127.0.0.1:{carol.port}"
+        agents = Agents()
+        server = await _serve(agents, allow=[target])
+        peer, phone = SipPeer(server.address), RtpPhone()
+        onward = SipPeer(("127.0.0.1", carol.port))  # the phone's new call, to the target
+        try:
+            call = await _call(server, peer, phone)
+            agents.made[0].speaking = False
+            transfer = asyncio.get_running_loop().create_task(SipCallControl(server.calls, call).transfer(target))
+            refer = await peer.next(method="REFER")
+            peer.reply(refer, 202, "Accepted")
+            referred_by = refer.get("Referred-By")
+            assert refer.get("Refer-To") == f"<{target}>" and referred_by == f"<{call.local.uri}>"
+            invite, final = await onward.invite(sdp_offer(phone.port), headers=[("Referred-By", referred_by)])
+            assert final.status == 200, final.reason
+            onward.ack(invite, final)
+            peer.send(peer.request("NOTIFY", headers=[("Event", "refer"), ("Subscription-State", "terminated")],
+                                   body=b"SIP/2.0 200 OK\r\n", content_type="message/sipfrag"))
+            await peer.next(status=200)
+            bye = await peer.next(method="BYE")  # duplex leaves once the new call is up
+            peer.reply(bye, 200, "OK")
+            result = await asyncio.wait_for(transfer, 5)
+            assert (result.accepted, result.status) == (True, 200)
+            onward.send(onward.request("BYE"))
+            await onward.next(status=200)
+            rc, output = await carol.result()  # 0: the INVITE's Referred-By was ours
+            assert rc == 0, output[-2000:]
+            await _nothing_left(server)
+        finally:
+            onward.close()
+            peer.close()
+            await phone.close()
+            await server.stop()
