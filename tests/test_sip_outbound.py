@@ -107,8 +107,19 @@ async def test_unanswered_call_is_cancelled(tmp_path):
         await server.stop()
 
 
-async def test_trunk_digest_challenge_answered_once(tmp_path):
-    async with SippCallee("uas_trunk_auth.xml", tmp_path) as trunk:
+CHALLENGES = {
+    401: {"CHALLENGE_STATUS": "401 Unauthorized", "CHALLENGE_HEADER": "WWW-Authenticate",
+          "VERIFY_ANSWER": '<verifyauth assign_to="authvalid" username="alice" password="s3cret"/>'},
+    407: {"CHALLENGE_STATUS": "407 Proxy Authentication Required", "CHALLENGE_HEADER": "Proxy-Authenticate",
+          "VERIFY_ANSWER": '<ereg regexp="^ *Digest username=.alice., realm=.trunk\\.test., nonce=.5e1f0c9a[0-9]+., '
+                           'uri=.sip:[+]15550100@trunk\\.test.," search_in="hdr" header="Proxy-Authorization:" '
+                           'check_it="true" assign_to="authvalid"/>'},
+}
+
+
+@pytest.mark.parametrize("challenge", [401, 407])
+async def test_trunk_digest_challenge_answered_once(tmp_path, challenge):
+    async with SippCallee("uas_trunk_auth.xml", tmp_path, fill=CHALLENGES[challenge]) as trunk:
         server = await _serve(allow=["sip:+1555*@trunk.test"], trunk=f"127.0.0.1:{trunk.port}",
                               trunk_user="alice", trunk_password="s3cret")
         try:
@@ -119,14 +130,14 @@ async def test_trunk_digest_challenge_answered_once(tmp_path):
             rc, output = await trunk.result()  # 0: SIPp verified our digest answer
             assert rc == 0, output[-2000:]
             assert _types(placed) == ["calling", "authenticating", "answered", "ended"]
-            assert placed.events[1].sip_status == 401
+            assert placed.events[1].sip_status == challenge
             await _nothing_left(server)
         finally:
             await server.stop()
 
 
 async def test_wrong_trunk_password_fails_without_a_second_try(tmp_path):
-    async with SippCallee("uas_trunk_auth.xml", tmp_path) as trunk:
+    async with SippCallee("uas_trunk_auth.xml", tmp_path, fill=CHALLENGES[401]) as trunk:
         server = await _serve(allow=["sip:*@trunk.test"], trunk=f"127.0.0.1:{trunk.port}",
                               trunk_user="alice", trunk_password="wrong")
         try:
