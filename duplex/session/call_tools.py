@@ -230,8 +230,8 @@ class CallTools:
 
     # -- keypad digits in ---------------------------------------------------------------------
     def keypad(self, digit: str) -> None:
-        """A digit the caller pressed (the door's leg parsed it)."""
-        self._host.tell.emit(cev.DtmfReceived(event=digit, received_at=round(time.time(), 3)))
+        """A digit the caller pressed (the door's leg parsed it); past the bounds it is dropped
+        before anything is sent (a flood costs no event per digit)."""
         if not self._take_token() or len(self._group) + len(self._waiting) >= MAX_GROUP:
             self.keypad_dropped += 1
             if self.keypad_dropped == 1 or self.keypad_dropped % 100 == 0:
@@ -239,6 +239,7 @@ class CallTools:
                                                       f"more than {MAX_GROUP} wait; {self.keypad_dropped} dropped",
                                       kind="invalid_request_error")
             return
+        self._host.tell.emit(cev.DtmfReceived(event=digit, received_at=round(time.time(), 3)))
         self._group.append(digit)
         if self._group_timer is not None:
             self._group_timer.cancel()

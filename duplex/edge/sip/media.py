@@ -8,6 +8,7 @@ far end hears a continuous stream with unbroken sequence numbers and timestamps.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import time
@@ -37,8 +38,8 @@ class MediaStats:
     malformed: int = 0
     wrong_source: int = 0
     wrong_payload_type: int = 0
-    dtmf: list[str] = field(default_factory=list)
-    dtmf_sent: list[str] = field(default_factory=list)
+    dtmf_in: int = 0  # keypad digits the caller pressed (RFC 4733 or SIP INFO)
+    dtmf_sent: collections.deque[str] = field(default_factory=collections.deque)  # the last 64
 
 
 class _RtpProtocol(asyncio.DatagramProtocol):
@@ -187,7 +188,7 @@ class CallMedia:
 
     def keypad(self, digit: str) -> None:
         """A digit the caller pressed, however it came (RFC 4733 here, SIP INFO in ``info``)."""
-        self.stats.dtmf.append(digit)
+        self.stats.dtmf_in += 1
         if self._agent is not None:
             self._agent.dtmf(digit)
         elif len(self._early_digits) < 16:  # its session still opening: the digit waits
