@@ -40,6 +40,8 @@ def test_a_beep_is_a_machine_and_its_end_is_found_to_the_frame():
     assert decision.verdict is AmdVerdict.MACHINE and decision.beep
     assert 500 + AmdSettings().beep_ms <= decision.decided_ms <= 500 + AmdSettings().beep_ms + 2 * 20
     assert detector.beep_end_ms is not None and abs(detector.beep_end_ms - 1000) <= 20
+    event = decision.event()
+    assert (event.verdict, event.beep, event.decided_ms) == ("machine", True, decision.decided_ms)
 
 
 def test_tones_outside_the_beep_band_or_too_short_are_no_beep():

@@ -37,3 +37,13 @@ class TransferDone(ServerEvent, kw_only=True, tag="duplex.call.transfer_result")
     status: int | None = None
     detail: str = ""
     call_id: str | None = None  # the model's function call that asked for it, if it was one
+
+
+class AnsweredBy(ServerEvent, kw_only=True, tag="duplex.call.answered_by"):
+    """An outbound call's answering-machine detection (``edge/phone/amd.py``): who answered,
+    when it was decided (ms from the answer), whether a beep was heard, and why."""
+
+    verdict: str  # human | machine
+    decided_ms: int
+    beep: bool = False
+    reason: str = ""
