@@ -144,6 +144,14 @@ class TinyEngine:
                                 "function": {"name": "place_order", "arguments": '{"drink": "taro"}'}}]}
         self._send(handler, [chunk(call), chunk({}, "tool_calls"), b"data: [DONE]\n\n"])
 
+    def _goodbye(self, handler: BaseHTTPRequestHandler) -> None:
+        """A model that says goodbye and calls ``end_call`` (a call tool the server does itself)."""
+        self._start_stream(handler)
+        call = {"tool_calls": [{"index": 0, "id": "call_bye", "type": "function",
+                                "function": {"name": "end_call", "arguments": "{}"}}]}
+        self._send(handler, [chunk({"content": "Thanks for calling,"}), chunk({"content": " goodbye."}), chunk(call),
+                             chunk({}, "tool_calls"), b"data: [DONE]\n\n"])
+
     def _orders(self, handler: BaseHTTPRequestHandler) -> None:
         """The shop's order system (a server-side tool's URL)."""
         body = b"42"

@@ -21,8 +21,8 @@ def feed_all(detector: AnsweringMachineDetector, audio: np.ndarray, chunk: int =
     return [d for d in made if d is not None]
 
 
-def tone(seconds: float, hz: float, level: float = 0.3) -> np.ndarray:
-    t = np.arange(int(RATE * seconds)) / RATE
+def tone(seconds: float, hz: float, level: float = 0.3, rate: int = RATE) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
     return (level * 32767 * np.sin(2 * np.pi * hz * t)).astype(np.int16)
 
 
@@ -33,13 +33,16 @@ def test_silence_is_a_person_waiting_decided_at_the_deadline_once():
     assert made[0].decided_ms == AmdSettings().decide_by_ms and not made[0].beep
 
 
-def test_a_beep_is_a_machine_and_its_end_is_found_to_the_frame():
-    detector = AnsweringMachineDetector(RATE)
-    audio = np.concatenate([np.zeros(RATE // 2, np.int16), tone(0.5, 1400), np.zeros(RATE, np.int16)])
-    (decision,) = feed_all(detector, audio)
+@pytest.mark.parametrize("rate", [8000, 16000])  # a G.711 leg's rate, and the session's (a CallAgent's input)
+def test_a_beep_is_a_machine_and_its_end_is_found_to_the_frame(rate):
+    detector = AnsweringMachineDetector(rate)
+    audio = np.concatenate([np.zeros(rate // 2, np.int16), tone(0.5, 1400, rate=rate), np.zeros(rate, np.int16)])
+    (decision,) = feed_all(detector, audio, chunk=rate // 50)
     assert decision.verdict is AmdVerdict.MACHINE and decision.beep
     assert 500 + AmdSettings().beep_ms <= decision.decided_ms <= 500 + AmdSettings().beep_ms + 2 * 20
     assert detector.beep_end_ms is not None and abs(detector.beep_end_ms - 1000) <= 20
+    event = decision.event()
+    assert (event.verdict, event.beep, event.decided_ms) == ("machine", True, decision.decided_ms)
 
 
 def test_tones_outside_the_beep_band_or_too_short_are_no_beep():

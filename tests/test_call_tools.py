@@ -186,6 +186,7 @@ async def test_a_flood_of_digits_is_capped_and_said_once():
     for _ in range(500):
         call.session.calls.keypad("9")
     floods = [e for e in errors(call) if e.code == "keypad_flood"]
+    assert len(call.of_type(cev.DtmfReceived)) == MAX_GROUP  # the dropped ones cost no event
     dropped = 500 - MAX_GROUP
     assert call.session.calls.keypad_dropped == dropped and len(floods) == 1 + dropped // 100  # the 1st, every 100th
     await asyncio.wait_for(_until(lambda: call.runtime.turns), 5)
@@ -195,3 +196,24 @@ async def test_a_flood_of_digits_is_capped_and_said_once():
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.01)
+
+
+async def test_a_transfer_waits_for_the_agents_line_then_a_failure_is_answered():
+    call, control = controlled()
+    asked: list[int] = []  # output frames pulled when the door was asked to transfer
+    real = control.transfer
+
+    async def transfer(target: str):
+        asked.append(len(call.played))
+        return await real(target)
+
+    control.transfer = transfer
+    send(call, {"type": "session.update", "session": {"tools": [TRANSFER]}})
+    await model_calls(call, "transfer_call", '{"target": "sip:desk@example.com"}', "let", "me", "transfer", "you")
+    await play_until_idle(call)
+    await asyncio.wait_for(_until(lambda: call.of_type(cev.TransferDone)), 5)
+    assert asked and call.loud_frames() and max(call.loud_frames()) < asked[0]  # after the agent's line
+    assert outputs(call)["call_9"] == {"ok": False, "detail": "busy"}
+    # the call goes on with the agent: a response answers the failed transfer
+    await asyncio.wait_for(_until(lambda: len(call.runtime.turns) == 2), 5)
+    assert call.runtime.last.request.tool_outputs[0].speak

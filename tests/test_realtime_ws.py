@@ -300,3 +300,22 @@ async def test_session_length_and_append_rate_limits_close_cleanly(short_server)
         with pytest.raises(ConnectionError):
             await caller.wait("session.updated", timeout=5, after=time.monotonic())
         assert caller.close_code == 1008
+
+
+async def test_the_client_ends_a_websocket_session_and_keypad_digits_are_refused(server):
+    """The WebSocket door can end its call (``duplex.call.end``: the socket closes 1000 after
+    what was queued) and nothing else: digits are an error naming why."""
+    from websockets.asyncio.client import connect
+
+    url = server.url.replace("http://", "ws://") + "/v1/realtime?model=duplex"
+    async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "duplex.call.dtmf", "digits": "1", "event_id": "d"}))
+        await ws.send(json.dumps({"type": "duplex.call.end", "event_id": "e"}))
+        events = [json.loads(message) async for message in ws]  # until the server closes
+        assert ws.close_code == 1000
+    refusal = next(e["error"] for e in events if e["type"] == "error")
+    assert refusal["event_id"] == "d" and refusal["code"] == "call_control_refused"
+    assert "WebSocket session cannot send keypad digits" in refusal["message"]
+    assert [e for e in events if e["type"] == "duplex.call.ending"]
+    await wait_idle(server.url)

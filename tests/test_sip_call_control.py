@@ -16,6 +16,7 @@ import asyncio
 import shutil
 import subprocess
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from duplex.edge.sip.config import SipConfig
 from duplex.edge.sip.uas import SipServer
 from duplex.runtime.contract import ToolCallDone
 from duplex.session.call_control import CallControlRefused
+from duplex.session.call_tools import MAX_GROUP
 from duplex.session.manager import SessionManager
 from tests.session_fakes import FakeRuntime
 from tests.sip_helpers import RtpPhone, SipPeer, ToneAgent, answer_port, sdp_offer, wait_until
@@ -124,7 +126,7 @@ async def test_digits_out_are_rfc4733_events_in_the_calls_own_stream(server):
     peer, phone, _ = await _call(srv)
     ControlledAgent.made[0].control.send_dtmf("1#")
     await wait_until(lambda: srv.calls.active and next(iter(srv.calls.active.values())).media.stats.dtmf_sent
-                     == ["1", "#"], 5, "digits sent")
+                     == deque("1#"), 5, "digits sent")
     await phone.wait_packets(len(phone.packets) + 5)
     check_events([p for _, p in phone.packets], "1#")
     await _end(srv, peer, phone)
@@ -251,3 +253,33 @@ async def test_a_digit_reaches_the_thinker_and_end_call_sends_bye_after_the_last
 def _rms(payload: bytes) -> float:
     samples = g711.decode(payload, "PCMU").astype(np.float64)
     return float(np.sqrt(np.mean(samples ** 2)))
+
+
+async def test_a_flood_of_digits_is_bounded_and_the_call_goes_on():
+    """300 distinct RFC 4733 digits at once: the thinker gets at most one group of MAX_GROUP,
+    the rest are dropped (counted, reported), and the call is still up and answers its BYE."""
+    runtime = FakeRuntime()
+    sessions = SessionManager(runtime, SessionConfig(keypad_gap_ms=100), max_sessions=2, model="test")
+    srv = SipServer(SipConfig(port=0, rtp_port_min=43000, rtp_port_max=43999, t1_ms=50), session_agents(sessions))
+    await srv.start()
+    peer, phone = SipPeer(srv.address), RtpPhone()
+    phone.start()
+    try:
+        invite, final = await peer.invite(sdp_offer(phone.port, "0 101"))
+        peer.ack(invite, final)
+        await wait_until(lambda: sessions.live() == 1, 5, "the call's session")
+        to = (srv.address[0], answer_port(final))
+        media = next(iter(srv.calls.active.values())).media
+        for burst in range(6):  # 300 digits in bursts of 50 (a socket's buffer holds ~250 datagrams)
+            for stamp in range(50 * burst, 50 * (burst + 1)):
+                phone.send_frame(to, bytes([stamp % 10, 0x80, 0, 160]), payload_type=101, timestamp=160 * stamp)
+            await wait_until(lambda b=burst: media.stats.dtmf_in == 50 * (b + 1), 5, "the burst read")
+        session = next(iter(sessions.sessions.values()))[1]
+        await wait_until(lambda: runtime.turns, 5, "the digits' turn")
+        pressed = runtime.turns[0].request.text.removeprefix("[the caller pressed ").removesuffix(" on the keypad]")
+        assert 1 <= len(pressed) <= MAX_GROUP and session.calls.keypad_dropped >= 300 - 2 * MAX_GROUP
+        assert srv.stats()["calls"] == 1  # the call goes on
+        await _end(srv, peer, phone)
+        await wait_until(lambda: sessions.live() == 0, 5, "session closed")
+    finally:
+        await srv.stop()

@@ -4,7 +4,6 @@ server with a tone agent:
 
 * SIPp as the transferee: it checks the REFER's Refer-To and Referred-By, answers 202 and sends
   NOTIFYs (trying, ringing, then 200 OK: we BYE; or 486: the call goes on with the agent);
-* the REFER waits for the agent's line to finish (the tone agent stops "speaking");
 * a hand-driven peer sends what peers should not: NOTIFYs outside a dialog, of another event,
   for no REFER, with another body or a broken sipfrag, and REFERs of its own; each gets its
   refusal and the call goes on.
@@ -114,12 +113,8 @@ async def test_sipp_transferee(tmp_path, final, ending, accepted):
             raise AssertionError((await sipp.communicate())[0].decode(errors="replace")[-2000:])
         call = _the_call(server)
         await wait_until(lambda: call.media is not None and call.media.running, 5, "media")
+        # (the agent's line is heard before the session asks: session/call_tools.py, its tests)
         transfer = asyncio.get_running_loop().create_task(SipCallControl(server.calls, call).transfer(CAROL))
-        # the agent is still saying its line: 10 more frames go out, and no REFER yet
-        sent = call.media.stats.packets_sent
-        await wait_until(lambda: call.media.stats.packets_sent >= sent + 10, 5, "frames")
-        assert server.stats()["client_transactions"] == 0 and not transfer.done()
-        agents.made[0].speaking = False  # its line ends: the REFER goes
         result = await asyncio.wait_for(transfer, 15)
         assert result.accepted is accepted
         assert result.status == int(final.split()[1])
@@ -171,7 +166,6 @@ async def test_bad_notify_and_refer_are_refused_and_the_call_goes_on():
         await peer.next(status=403)  # we do not follow a peer's transfer
         assert call.state is CallState.CONFIRMED and server.stats()["internal_errors"] == 0
 
-        agents.made[0].speaking = False
         transfer = asyncio.get_running_loop().create_task(SipCallControl(server.calls, call).transfer(CAROL))
         refer = await peer.next(method="REFER")
         assert refer.get("Refer-To") == f"<{CAROL}>" and refer.get("Referred-By") == f"<{call.local.uri}>"
@@ -237,7 +231,6 @@ async def test_refer_target_gets_the_invite_with_our_referred_by(tmp_path):
         onward = SipPeer(("127.0.0.1", carol.port))  # the phone's new call, to the target
         try:
             call = await _call(server, peer, phone)
-            agents.made[0].speaking = False
             transfer = asyncio.get_running_loop().create_task(SipCallControl(server.calls, call).transfer(target))
             refer = await peer.next(method="REFER")
             peer.reply(refer, 202, "Accepted")

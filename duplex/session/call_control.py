@@ -13,6 +13,7 @@ The session knows no transport: it sees this protocol only.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -71,6 +72,17 @@ class NoCallControl:
 
     async def transfer(self, target: str) -> TransferResult:
         raise CallControlRefused(CallAction.TRANSFER, f"{self._where} cannot transfer calls")
+
+
+class EndOnlyCallControl(NoCallControl):
+    """For a door that can end its call and do nothing else with it (a WebSocket session)."""
+
+    def __init__(self, end: Callable[[str], None], transport: str) -> None:
+        super().__init__(transport)
+        self._end = end
+
+    def end(self, reason: str) -> None:
+        self._end(reason)
 
 
 def check_digits(digits: str) -> str:

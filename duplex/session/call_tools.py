@@ -8,9 +8,9 @@
   result as a ``function_call_output`` item); the result joins the history.
 - The same from the client: ``duplex.call.end`` / ``.dtmf`` / ``.transfer`` client events;
   what cannot be done is an ``error`` event naming why.
-- Ending waits for the current reply to finish playing (``reply_over``, called by the session
-  when a response is over) unless asked to end at once; a reply that never ends is cut after
-  ``END_WAIT_S``.
+- Ending and transferring wait for the current reply to finish playing (``reply_over``, called
+  by the session when a response is over; the agent says its line first) unless asked to end at
+  once; a reply that never ends is cut after ``END_WAIT_S``.
 - Keypad digits in: each one is a ``input_audio_buffer.dtmf_event_received`` event at once, and
   the conversation gets them grouped: digits less than ``keypad_gap_ms`` apart (1.5 s by default:
   someone keying a number presses a key every 0.3-0.8 s, so the gap closes a number, while a
@@ -112,6 +112,7 @@ class CallTools:
         self._spawn = spawn
         self._ending: str | None = None  # the reason, while an end waits for the reply
         self._guard: asyncio.Task | None = None
+        self._reply_waiters: list[asyncio.Future[None]] = []  # transfers waiting for the reply to be over
         self._group: list[str] = []  # digits of the group being keyed
         self._waiting: list[str] = []  # groups' digits closed while the agent was busy
         self._group_timer: asyncio.Task | None = None
@@ -171,6 +172,10 @@ class CallTools:
         digits go now."""
         if self._reply_live():
             return
+        for waiter in self._reply_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._reply_waiters.clear()
         if self._ending is not None:
             self._hang_up_reporting(self._ending)
         elif self._waiting:
@@ -209,7 +214,19 @@ class CallTools:
             raise ValueError(f"transfer target {target[:40]!r}: 1-{MAX_TARGET} printable characters, no spaces")
         self._spawn(self._transfer(target, call_id, event_id))
 
+    async def _after_reply(self) -> None:
+        """Until the current reply has played (the agent says its line first), at most END_WAIT_S."""
+        if not self._reply_live():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._reply_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, END_WAIT_S)
+        except TimeoutError:
+            pass
+
     async def _transfer(self, target: str, call_id: str | None, event_id: str | None) -> None:
+        await self._after_reply()
         try:
             outcome = await self._control.transfer(target)
         except CallControlRefused as exc:
@@ -230,8 +247,8 @@ class CallTools:
 
     # -- keypad digits in ---------------------------------------------------------------------
     def keypad(self, digit: str) -> None:
-        """A digit the caller pressed (the door's leg parsed it)."""
-        self._host.tell.emit(cev.DtmfReceived(event=digit, received_at=round(time.time(), 3)))
+        """A digit the caller pressed (the door's leg parsed it); past the bounds it is dropped
+        before anything is sent (a flood costs no event per digit)."""
         if not self._take_token() or len(self._group) + len(self._waiting) >= MAX_GROUP:
             self.keypad_dropped += 1
             if self.keypad_dropped == 1 or self.keypad_dropped % 100 == 0:
@@ -239,6 +256,7 @@ class CallTools:
                                                       f"more than {MAX_GROUP} wait; {self.keypad_dropped} dropped",
                                       kind="invalid_request_error")
             return
+        self._host.tell.emit(cev.DtmfReceived(event=digit, received_at=round(time.time(), 3)))
         self._group.append(digit)
         if self._group_timer is not None:
             self._group_timer.cancel()

@@ -44,7 +44,7 @@ class DtmfSender:
         self._digit: str | None = None
         self._tick = 0  # ticks of the current digit so far
         self._start = 0  # its RTP timestamp
-        self.sent: list[str] = []  # digits whose end packets went (stats, tests)
+        self.sent: collections.deque[str] = collections.deque(maxlen=64)  # the last digits sent (stats, tests)
 
     def queue(self, digits: str) -> None:
         if len(self._queue) + len(digits) > self._max:

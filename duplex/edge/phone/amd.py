@@ -32,6 +32,8 @@ import numpy as np
 import webrtcvad
 from pydantic import BaseModel, ConfigDict, Field
 
+from duplex.session.realtime.call_events import AnsweredBy
+
 FRAME_MS = 20
 
 
@@ -67,6 +69,10 @@ class AmdDecision:
     decided_ms: int  # from the first audio fed
     reason: str
     beep: bool = False
+
+    def event(self) -> AnsweredBy:
+        """As the session's server event (``duplex.call.answered_by``), for the client and the logs."""
+        return AnsweredBy(verdict=self.verdict.value, decided_ms=self.decided_ms, beep=self.beep, reason=self.reason)
 
 
 class BeepDetector:

@@ -67,10 +67,7 @@ class SessionCallAgent:
         decided = not screen.decision_told
         if decided:  # told once, when decided (a beep already over: decided and leaving at once)
             screen.decision_told = True
-            self.session.emit(cev.AnsweringMachine(verdict=decision.verdict.value, decided_ms=decision.decided_ms,
-                                                   reason=decision.reason, beep=decision.beep,
-                                                   action=screen.policy.value if step is not ScreenStep.SPEAK
-                                                   else "speak"))
+            self.session.emit(decision.event())
         report = self.info.opening.report if self.info.opening is not None else None
         if report is not None:
             if decided:

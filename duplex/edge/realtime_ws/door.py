@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse
 from duplex.edge.config import RealtimeLimits
 from duplex.edge.rate import UNCOUNTED, Pending, RateLimited
 from duplex.edge.realtime_ws.audio import WS_OUTPUT, Format, InputDecoder, OutputEncoder, formats_of
+from duplex.session.call_control import EndOnlyCallControl
 from duplex.session.door import AudioClear, SimpleDoor
 from duplex.session.manager import SessionManager, SessionsFull
 from duplex.session.pacing import FramePacer
@@ -85,8 +86,9 @@ class RealtimeConnection:
         await self.ws.accept(subprotocol=subprotocol)
         try:
             opening = Opening(self.owner, self.settings.recording if self.settings else None)
-            self.session = self.sessions.open(SimpleDoor("websocket", WS_OUTPUT, self._send, self._clear), config,
-                                              opening=opening)
+            door = SimpleDoor("websocket", WS_OUTPUT, self._send, self._clear,
+                              EndOnlyCallControl(self._end_call, "a Realtime WebSocket session"))
+            self.session = self.sessions.open(door, config, opening=opening)
         except SessionsFull as exc:
             await self._refuse("server_busy", str(exc), 1013)
             return
@@ -182,6 +184,12 @@ class RealtimeConnection:
             self.session.emit_error(code, message)
         self._closing, self.close_code, self.limit_hit = True, close_code, True
         self._queue.put_nowait(_CLOSE)
+
+    def _end_call(self, reason: str) -> None:
+        """The conversation ends the call: the socket closes (1000) after what is queued."""
+        if not self._closing:
+            self._closing, self.close_code = True, 1000
+            self._queue.put_nowait(_CLOSE)
 
     async def _write(self) -> None:
         while True:

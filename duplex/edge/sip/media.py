@@ -8,6 +8,7 @@ far end hears a continuous stream with unbroken sequence numbers and timestamps.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import time
@@ -37,8 +38,8 @@ class MediaStats:
     malformed: int = 0
     wrong_source: int = 0
     wrong_payload_type: int = 0
-    dtmf: list[str] = field(default_factory=list)
-    dtmf_sent: list[str] = field(default_factory=list)
+    dtmf_in: int = 0  # keypad digits the caller pressed (RFC 4733 or SIP INFO)
+    dtmf_sent: collections.deque[str] = field(default_factory=collections.deque)  # the last 64
 
 
 class _RtpProtocol(asyncio.DatagramProtocol):
@@ -72,7 +73,6 @@ class CallMedia:
         self._latched = False  # sending follows the latched source (symmetric RTP only)
         self._source: tuple[str, int] | None = None  # the one source RTP is taken from
         self._talking = False
-        self.last_agent_speech = 0.0  # monotonic time of the agent's last audible frame (a transfer waits on it)
         self._seen_dtmf: set[int] = set()
         self._early_digits: list[str] = []
         self._dtmf_out = DtmfSender(PHONE_FRAME)
@@ -188,7 +188,7 @@ class CallMedia:
 
     def keypad(self, digit: str) -> None:
         """A digit the caller pressed, however it came (RFC 4733 here, SIP INFO in ``info``)."""
-        self.stats.dtmf.append(digit)
+        self.stats.dtmf_in += 1
         if self._agent is not None:
             self._agent.dtmf(digit)
         elif len(self._early_digits) < 16:  # its session still opening: the digit waits
@@ -245,8 +245,6 @@ class CallMedia:
         assert self._agent is not None and self._encoder is not None
         frame = self._agent.agent_audio(due)
         speaking = bool(np.any(frame))
-        if speaking:
-            self.last_agent_speech = time.monotonic()
         self._encoder.push(frame)
         payload = self._encoder.pop_frame() or self._encoder.silence()
         agreed = self._agreed

@@ -1,5 +1,6 @@
-"""Blind transfer (RFC 3515 REFER, without RFC 4488): the conversation asks (``SipCallControl``),
-the agent's current line finishes, we send REFER with Refer-To and Referred-By; the far end
+"""Blind transfer (RFC 3515 REFER, without RFC 4488): the conversation asks (``SipCallControl``)
+once the agent's current line has been heard (``session/call_tools.py`` waits for it), and we
+send REFER with Refer-To and Referred-By; the far end
 answers 202 and tells how its new call goes in NOTIFYs with message/sipfrag bodies (each
 answered 200): trying, ringing, then ok (we end our leg with BYE) or failed (the call goes on
 with the agent). The outcome comes back as a ``TransferResult``; each step is logged and, for a
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 
 from duplex.edge.sip.context import CallTable, RequestContext
 from duplex.edge.sip.dialog import CallState, Referral, SipCall
@@ -28,8 +28,6 @@ from duplex.edge.sip.transactions import ServerTransaction
 from duplex.session.call_control import CallAction, CallControlRefused, TransferResult
 
 log = logging.getLogger(__name__)
-LINE_WAIT_S = 20.0  # the agent's current line gets this long to finish before the REFER goes anyway
-QUIET_S = 0.3  # agent audio silent this long: its line has finished
 OUTCOME_WAIT_S = 60.0  # after 202, the far end has this long to tell the new call's outcome
 _NUMBER = re.compile(r"\+?[0-9*#]{1,32}")
 _SIPFRAG = re.compile(r"SIP/2\.0 ([1-6][0-9]{2})(?: (.*))?")
@@ -64,9 +62,6 @@ async def refer(calls: CallTable, call: SipCall, target: str) -> TransferResult:
     uri = refer_target(call, target, calls.server.config.outbound.allow)
     referral = call.referral = Referral(uri, asyncio.get_running_loop().create_future())
     try:
-        await _line_finished(call)
-        if call.state is not CallState.CONFIRMED:
-            raise _refused("the call ended before the transfer")
         _send_refer(calls, call, referral)
         try:
             result = await asyncio.wait_for(asyncio.shield(referral.outcome), OUTCOME_WAIT_S)
@@ -78,15 +73,6 @@ async def refer(calls: CallTable, call: SipCall, target: str) -> TransferResult:
     if result.accepted:
         calls.hang_up(call.call_id, f"transferred to {uri}")
     return result
-
-
-async def _line_finished(call: SipCall) -> None:
-    """Until the agent's audio has been silent for ``QUIET_S`` (bounded by ``LINE_WAIT_S``)."""
-    deadline = time.monotonic() + LINE_WAIT_S
-    while call.media is not None and time.monotonic() < deadline:
-        if time.monotonic() - call.media.last_agent_speech >= QUIET_S:
-            return
-        await asyncio.sleep(0.02)  # one frame: the leg's own pace
 
 
 def _send_refer(calls: CallTable, call: SipCall, referral: Referral) -> None:

@@ -49,11 +49,11 @@ class TransferProgress(ServerEvent, kw_only=True, tag="duplex.call.transfer_prog
     detail: str = ""
 
 
-class AnsweringMachine(ServerEvent, kw_only=True, tag="duplex.call.answering_machine"):
-    """A placed call's screening decided who answered, and what the call does about it."""
+class AnsweredBy(ServerEvent, kw_only=True, tag="duplex.call.answered_by"):
+    """An outbound call's answering-machine detection (``edge/phone/amd.py``): who answered,
+    when it was decided (ms from the answer), whether a beep was heard, and why."""
 
     verdict: str  # human | machine
-    decided_ms: int  # from the answer
-    reason: str
-    beep: bool
-    action: str  # speak (a person: the first message) | leave_message (after the beep) | hang_up
+    decided_ms: int
+    beep: bool = False
+    reason: str = ""
