@@ -115,6 +115,10 @@ class OutboundCalls:
             self._fail(placed, None, f"cannot place the call: {exc}")
             return
         self.ringing_media += 1
+        if placed.cancel_wanted or not placed.live:  # hung up (API, server stopping) while we got ready
+            self._fail(placed, None, placed.cancel_wanted)
+            self._close_media(placed)  # (already failed: _fail did nothing)
+            return
         server.guard.trust({placed.destination[0]})  # we chose to send there: no reply budget
         host, port = server.contact_address
         local = NameAddr("", f"sip:{self.config.from_user}@{_host_port((host, port))}")
@@ -232,6 +236,7 @@ class OutboundCalls:
             return
         self._stop_ringing(placed)
         placed.media = None  # the call holds it now
+        self.ringing_media -= 1
         call.media = media
         media.on_timeout = lambda: self.calls.sessions.timed_out(call.call_id)
         media.on_failure = lambda exc: self.calls.sessions.failed(call.call_id, exc)
@@ -272,14 +277,18 @@ class OutboundCalls:
     def _fail(self, placed: PlacedCall, status: int | None, reason: str) -> None:
         if not placed.live or placed.state is PlacedState.ANSWERED:
             return
-        if status == 487 and placed.cancel_wanted:
-            reason = placed.cancel_wanted  # our CANCEL's answer: say why we cancelled
+        if placed.cancel_wanted and status in (None, 408, 487):
+            reason = placed.cancel_wanted  # our CANCEL's answer (or the end of an unanswered INVITE): why we gave up
         placed.state, placed.sip_status, placed.reason = PlacedState.FAILED, status, reason
         placed.note("failed", status, reason)
         log.info("placed call %s to %s failed: %s %s", placed.id, placed.target, status or "", reason)
         self._stop_ringing(placed)
+        self._close_media(placed)
+
+    def _close_media(self, placed: PlacedCall) -> None:
         media, placed.media = placed.media, None
         if media is not None:
+            self.ringing_media -= 1
             task = asyncio.get_running_loop().create_task(media.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
@@ -288,8 +297,6 @@ class OutboundCalls:
         if placed.ring_timer is not None:
             placed.ring_timer.cancel()
             placed.ring_timer = None
-        if placed.media is not None:
-            self.ringing_media -= 1
         if placed.destination is not None and placed.call is not None:
             self.server.guard.untrust({placed.destination[0]})
 

@@ -78,7 +78,8 @@ async def refer(calls: CallTable, call: SipCall, target: str) -> TransferResult:
 def _send_refer(calls: CallTable, call: SipCall, referral: Referral) -> None:
     host, port = calls.server.contact_address
     request, _ = call.build_request("REFER", host, port)
-    request.add("Contact", f"<{call.local.uri}>")
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    request.add("Contact", f"<sip:duplex@{where}>")  # where the far end reaches us (its NOTIFYs)
     request.add("Refer-To", f"<{referral.target}>")
     request.add("Referred-By", f"<{call.local.uri}>")
 
