@@ -60,6 +60,10 @@ async def _events(http: httpx.AsyncClient, call_id: str) -> list[dict]:
     return (await http.get(f"/v1/calls/outbound/{call_id}")).json()["events"]
 
 
+async def _state_is(http: httpx.AsyncClient, call_id: str, state: str) -> bool:
+    return (await http.get(f"/v1/calls/outbound/{call_id}")).json()["state"] == state
+
+
 def _at(events: list[dict], kind: str) -> float:
     return next(e["at_s"] for e in events if e["type"] == kind)
 
@@ -99,9 +103,7 @@ async def test_machine_hung_up_on(server):
         callee.respond(bye, addr, 200, "OK")
         playing.cancel()
         await asyncio.gather(playing, return_exceptions=True)
-        async def ended() -> bool:
-            return (await http.get(f"/v1/calls/outbound/{call_id}")).json()["state"] == "ended"
-        await _until(ended, 10, "ended")
+        await _until(lambda: _state_is(http, call_id, "ended"), 10, "ended")
         events = await _events(http, call_id)
         assert [e["type"] for e in events] == ["calling", "ringing", "answered", "answered_by_machine", "ended"]
         assert _at(events, "answered_by_machine") - _at(events, "answered") <= DECIDE_S + SLACK_S
@@ -122,6 +124,7 @@ async def test_message_left_after_the_beep(server):
         spoke = callee.first_loud()
         assert spoke is not None, "no message was left"
         assert spoke >= beep_sent_by - 0.02  # not before the beep was over (a frame's rounding)
+        await _until(lambda: _state_is(http, call_id, "ended"), 10, "ended")  # the call is torn down after its BYE
         events = await _events(http, call_id)
         kinds = [e["type"] for e in events]
         assert kinds[:5] == ["calling", "ringing", "answered", "answered_by_machine", "leaving_message"]

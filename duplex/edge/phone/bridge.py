@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from duplex.edge.phone.amd import AmdPolicy
+from duplex.edge.phone.amd import AmdPolicy, AmdSettings
 from duplex.session.call_control import CallControl, NoCallControl
 from duplex.session.realtime.events import SessionSettings
 
@@ -28,6 +28,7 @@ class CallOpening:
     settings: SessionSettings | None = None
     first_message: str = ""
     machine: AmdPolicy | None = None  # screen for an answering machine, and what to do if one answers
+    machine_settings: AmdSettings | None = None  # the screening's thresholds (None: the defaults)
     report: Callable[[str, int | None, str], None] | None = None  # (kind, SIP status, detail): the placed call's log
 
 

@@ -15,7 +15,7 @@ import enum
 
 import numpy as np
 
-from duplex.edge.phone.amd import AmdDecision, AmdPolicy, AmdVerdict, AnsweringMachineDetector
+from duplex.edge.phone.amd import AmdDecision, AmdPolicy, AmdSettings, AmdVerdict, AnsweringMachineDetector
 
 NO_BEEP_WAIT_MS = 10_000
 
@@ -28,9 +28,9 @@ class ScreenStep(enum.Enum):
 
 
 class MachineScreen:
-    def __init__(self, policy: AmdPolicy, sample_rate: int) -> None:
+    def __init__(self, policy: AmdPolicy, sample_rate: int, settings: AmdSettings | None = None) -> None:
         self.policy = policy
-        self.detector = AnsweringMachineDetector(sample_rate)
+        self.detector = AnsweringMachineDetector(sample_rate, settings)
         self.decision: AmdDecision | None = None
         self.withholding = True  # the conversation hears silence, not the callee
         self.decision_told = False  # the verdict has been reported (by the agent)

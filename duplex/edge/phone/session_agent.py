@@ -42,7 +42,8 @@ class SessionCallAgent:
         self.session.tools.configure(tools, choice)
         opening = info.opening
         self._first_message = opening.first_message if opening is not None else ""
-        self._screen = MachineScreen(opening.machine, self.input_rate) if opening and opening.machine else None
+        self._screen = (MachineScreen(opening.machine, self.input_rate, opening.machine_settings)
+                        if opening and opening.machine else None)
         if self._screen is None:  # screened calls speak once they know who answered
             self._speak_first()
 

@@ -6,6 +6,7 @@ import ipaddress
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
+from duplex.edge.phone.amd import AmdSettings
 from duplex.edge.rate import RateConfig
 
 
@@ -21,6 +22,7 @@ class OutboundConfig(BaseModel):
     trunk: str | None = None  # "host:port" every INVITE goes to (an outbound proxy); None: the target's
     trunk_user: str | None = None  # digest credentials for a trunk's 401/407 challenge
     trunk_password: SecretStr | None = None
+    amd: AmdSettings = Field(default_factory=AmdSettings)  # answering-machine screening's thresholds
     from_user: str = Field("duplex", pattern=r"^[A-Za-z0-9_.+\-]{1,64}$")  # the user part of our From
 
     @field_validator("trunk")

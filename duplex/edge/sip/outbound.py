@@ -65,7 +65,8 @@ class OutboundCalls:
         self._admit(target)
         self._started.append(time.monotonic())
         placed = PlacedCall(target, opening)
-        placed.opening = dataclasses.replace(opening, report=placed.note)  # screening's verdicts join its events
+        # screening's thresholds are the server's, its verdicts join the call's events
+        placed.opening = dataclasses.replace(opening, report=placed.note, machine_settings=self.config.amd)
         self.placed[placed.id] = placed
         self._forget_old()
         placed.task = asyncio.get_running_loop().create_task(self._dial(placed))
