@@ -70,7 +70,7 @@ def _background(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def render(cache: Path, clip: spec.Clip) -> Rendered:
-    key = hashlib.sha1(f"r4|{clip.key}".encode()).hexdigest()[:20]
+    key = hashlib.sha1(f"r5|{clip.key}".encode()).hexdigest()[:20]
     path = cache / "clips" / f"{key}.npz"
     if path.is_file():
         data = np.load(path)

@@ -142,7 +142,7 @@ def conditions_of(speaker_index: int, variant_index: int, full: bool) -> tuple[s
     if full:
         return CONDITIONS
     others = CONDITIONS[1:]
-    at = (speaker_index + variant_index) % 2
+    at = (speaker_index // 2 + variant_index) % 2  # speakers alternate between the parts
     return ("clean", others[at], others[at + 2])
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import tempfile
-from functools import lru_cache
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +17,19 @@ import numpy as np
 
 from duplex.audio import resample
 from duplex_tools.harness import read_wav, write_wav
+from duplex_tools.turn_corpus import spec
 from duplex_tools.turn_corpus.spec import Speaker
 
 RATE = 16_000
 _BREAK_MS = 700  # espeak-ng's SSML break, found again in its output and set to the pause wanted
 
 
+def _path(cache: Path, key: str) -> Path:
+    return cache / "speech" / f"{hashlib.sha1(key.encode()).hexdigest()[:20]}.npy"
+
+
 def _cached(cache: Path, key: str, make: Any) -> np.ndarray:
-    path = cache / "speech" / f"{hashlib.sha1(key.encode()).hexdigest()[:20]}.npy"
+    path = _path(cache, key)
     if path.is_file():
         return np.load(path)
     audio = np.asarray(make(), np.float32)
@@ -37,7 +42,9 @@ def speech(cache: Path, speaker: Speaker, text: str, pause_s: float | None = Non
            after: str = "") -> tuple[np.ndarray, int]:
     """``text`` (then, with ``pause_s``, a pause and ``after``: one sentence) in ``speaker``'s voice;
     and the sample where the pause begins (the end of the audio without one)."""
-    key = f"v2|{speaker}|{text}|{pause_s}|{after}"
+    key = f"v4|{speaker}|{text}|{pause_s}|{after}"
+    if speaker.synth == "piper" and not _voice and not _path(cache, key).is_file():
+        _piper_speaker(cache, speaker)
     audio = _cached(cache, key, lambda: _make(speaker, text, pause_s, after))
     cut = _cached(cache, key + "|cut", lambda: np.array([_pause_at(audio, pause_s)], np.float32))
     return audio, int(cut[0])
@@ -99,19 +106,36 @@ def _set_pause(audio: np.ndarray, pause_s: float) -> np.ndarray:
     return np.concatenate([audio[:at], np.zeros(int(pause_s * RATE), np.float32), audio[back:]])
 
 
-@lru_cache(maxsize=1)
-def _piper_voice() -> Any:
+_voice: list[Any] = []  # the Piper voice of the speaker being made
+
+
+def _piper_speaker(cache: Path, speaker: Speaker) -> None:
+    """Every text of the corpus in ``speaker``'s Piper voice, in one fixed order from a voice
+    loaded with the speaker's seed: the voice draws its noise inside the model, from a generator
+    seeded when it is loaded, so this is the same every run."""
+    import onnxruntime
     from piper import PiperVoice
 
     from duplex.models.local.assets import piper_voice_paths
 
-    return PiperVoice.load(*piper_voice_paths(), include_alignments=True)
+    onnxruntime.set_seed(zlib.crc32(speaker.name.encode()) & 0x7FFFFFFF)
+    _voice[:] = [PiperVoice.load(*piper_voice_paths(), include_alignments=True)]
+    try:
+        texts = [(text, None, "") for text in (*spec.BACKCHANNELS.values(), *spec.INTERRUPTIONS.values(),
+                                               *spec.SMOOTH.values())]
+        texts += [(before, spec.PAUSE_S, after) for before, after in spec.PAUSES.values()]
+        for text, pause_s, after in texts:
+            speech(cache, speaker, text, pause_s, after)
+    finally:
+        _voice.clear()
 
 
 def _piper(speaker: Speaker, text: str, pause_s: float | None, after: str) -> np.ndarray:
     from piper import SynthesisConfig
 
-    voice = _piper_voice()
+    if not _voice:
+        raise RuntimeError(f"{text!r} is not a text of the corpus: Piper speech is made for all of them at once")
+    voice = _voice[0]
     sentence = f"{text} {after}".strip() if pause_s is not None else text
     config = SynthesisConfig(length_scale=speaker.length_scale, noise_scale=speaker.noise_scale,
                              noise_w_scale=speaker.noise_w_scale, volume=0.8)
@@ -131,10 +155,10 @@ def _piper(speaker: Speaker, text: str, pause_s: float | None, after: str) -> np
 
 
 def _sox(audio: np.ndarray, effect: list[str], rate: int = RATE) -> np.ndarray:
-    """``audio`` through a sox effect (same rate and length order)."""
+    """``audio`` through a sox effect (same rate; no dither, so the same samples every run)."""
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.wav", Path(tmp) / "out.wav"
         write_wav(src, np.clip(audio, -1, 1), rate)
-        subprocess.run(["sox", str(src), str(dst), *effect], check=True, capture_output=True, timeout=60)
+        subprocess.run(["sox", "-D", str(src), str(dst), *effect], check=True, capture_output=True, timeout=60)
         out, _ = read_wav(dst)
     return out.astype(np.float32)
