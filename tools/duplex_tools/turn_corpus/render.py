@@ -87,7 +87,7 @@ def _render(cache: Path, clip: spec.Clip) -> Rendered:
     rng = np.random.default_rng(seed_of(clip.key))
     source, pause_at = _source(cache, clip)
     # the caller's level (near and far, loud and soft): the speaker's, the same under every condition
-    level_db = np.random.default_rng(seed_of(clip.speaker.name, clip.category, clip.variant)).uniform(-30, -18)  # the caller's level: near and far, loud and soft
+    level_db = np.random.default_rng(seed_of(clip.speaker.name, clip.category, clip.variant)).uniform(-30, -18)
     source = source * (10 ** (level_db / 20) / _active_rms(source))
     lead, tail = int(LEAD_S * RATE), int(TAIL_S * RATE)
     stream = np.concatenate([np.zeros(lead), source, np.zeros(tail)])

@@ -68,7 +68,8 @@ def run_overlap(frames: Frames, ears: Ears, barge_in: BargeInConfig, vad: VadCon
     at = {"from": 0, "now": 0}  # frames of the overlap's audio (as the session's TurnAudio holds it)
 
     def trace() -> SoundTrace:
-        return SoundTrace.of([(audio[j * FRAME:(j + 1) * FRAME], frames.voiced[j]) for j in range(at["from"], at["now"])])
+        span = range(at["from"], at["now"])
+        return SoundTrace.of([(audio[j * FRAME:(j + 1) * FRAME], frames.voiced[j]) for j in span])
 
     def says(text: str, voiced_ms: int) -> Said | None:
         sound = run.examples.setdefault((voiced_ms, text), trace())

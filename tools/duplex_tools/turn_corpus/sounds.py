@@ -19,7 +19,8 @@ def _band(noise: np.ndarray, low: float, high: float) -> np.ndarray:
     return np.fft.irfft(spectrum, len(noise))
 
 
-def _burst(rng: np.random.Generator, seconds: float, low: float, high: float, attack: float, decay: float) -> np.ndarray:
+def _burst(rng: np.random.Generator, seconds: float, low: float, high: float, attack: float,
+           decay: float) -> np.ndarray:
     t = _t(seconds)
     return _band(rng.normal(0, 1, len(t)), low, high) * np.minimum(1, t / attack) * np.exp(-t / decay)
 
@@ -81,7 +82,8 @@ def noise(kind: str, seed: int) -> np.ndarray:
         t = _t(d)
         chord = sum(np.sin(2 * np.pi * f * t) for f in rng.choice([220, 277, 330, 392, 440, 523], 3, replace=False))
         beat = (np.sin(2 * np.pi * 2.5 * t) > 0.6) * _band(rng.normal(0, 1, len(t)), 60, 300)
-        audio = chord * 0.5 + beat + 0.3 * _band(rng.normal(0, 1, len(t)), 300, 3000) * np.abs(np.sin(2 * np.pi * 4 * t))
+        chatter = 0.3 * _band(rng.normal(0, 1, len(t)), 300, 3000) * np.abs(np.sin(2 * np.pi * 4 * t))
+        audio = chord * 0.5 + beat + chatter
     else:
         raise ValueError(f"unknown noise kind {kind!r}")
     audio = np.asarray(audio, np.float64)
