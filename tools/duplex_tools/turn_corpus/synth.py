@@ -121,8 +121,8 @@ def _piper_speaker(cache: Path, speaker: Speaker) -> None:
     onnxruntime.set_seed(zlib.crc32(speaker.name.encode()) & 0x7FFFFFFF)
     _voice[:] = [PiperVoice.load(*piper_voice_paths(), include_alignments=True)]
     try:
-        texts = [(text, None, "") for text in (*spec.BACKCHANNELS.values(), *spec.INTERRUPTIONS.values(),
-                                               *spec.SMOOTH.values())]
+        alone = (*spec.BACKCHANNELS.values(), *spec.INTERRUPTIONS.values(), *spec.SMOOTH.values())
+        texts: list[tuple[str, float | None, str]] = [(text, None, "") for text in alone]
         texts += [(before, spec.PAUSE_S, after) for before, after in spec.PAUSES.values()]
         for text, pause_s, after in texts:
             speech(cache, speaker, text, pause_s, after)
