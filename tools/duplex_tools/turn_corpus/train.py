@@ -2,7 +2,8 @@
 corpus by one command (``duplex bench turn-taking --train``): multinomial logistic regression
 (scikit-learn, lbfgs: deterministic) over the features the decisions read, standardised; the
 pause's threshold picked on the same part (the lowest P(complete) at which at most
-``OPEN_BUDGET`` of its mid-sentence pauses would end the turn). Written as JSON weights the server
+``OPEN_BUDGET`` of its judged pauses that were not the turn's end would end it: a trade of pauses
+taken over against complete turns left waiting for the longest pause). Written as JSON weights the server
 applies with numpy."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from duplex.session.turn_model import OVERLAP_FEATURES, PAUSE_FEATURES, LinearModel, TurnModels
 from duplex_tools.turn_corpus.evaluate import Examples
 
-OPEN_BUDGET = 0.05  # mid-sentence pauses of the training part the pause model may end
+OPEN_BUDGET = 0.10  # pauses of the training part that are not the end which the pause model may end
 
 
 def fit(rows: list[tuple[np.ndarray, str]], features: tuple[str, ...], c: float = 1.0) -> LinearModel:
