@@ -30,8 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "and variant, in rotation: every cell, half the compute)")
     group.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                        help=f"generated audio and the models' answers (default {DEFAULT_CACHE})")
-    group.add_argument("--door", choices=("in-process",), default="in-process",
-                       help="where the corpus is played: in process (the end-to-end doors play the scenarios)")
 
 
 def run_corpus(args: argparse.Namespace) -> int:
