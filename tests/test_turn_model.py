@@ -89,3 +89,37 @@ def test_a_pause_is_read_by_the_shipped_model_when_learned_and_by_the_rules_othe
     hangs = words.endswith(" and")
     asked = words.endswith("?")
     assert rules.complete == ((probability >= 0.5 or asked) and not hangs)
+
+
+async def test_a_session_with_the_learned_judge_reads_the_overlaps_words_with_its_frames(monkeypatch):
+    from duplex.config.session import SessionConfig
+    from duplex.session import listen
+    from duplex.session.realtime import events as ev
+    from tests.session_fakes import Call, words
+    from tests.test_session_overlap_words import REPLY, probes
+    from tests.test_session_call import answering
+
+    read: list[tuple[int, str, int]] = []
+
+    def stub(frames: list[tuple[np.ndarray, bool]], text: str, voiced_ms: int) -> Said:
+        assert all(frame.dtype == np.int16 and len(frame) == 320 for frame, _ in frames)
+        read.append((len(frames), text, voiced_ms))
+        return Said.BACKCHANNEL
+
+    monkeypatch.setattr(listen, "read_overlap", stub)
+    for judge in ("rules", "learned"):
+        call = Call(SessionConfig(overlap_probe_request=True, barge_in=BargeInConfig(judge=judge)))
+        await answering(call, *REPLY, complete=False)
+        await call.say(words("sorry"))  # a floor word: the rules interrupt
+        await call.quiet(CONFIG.resume_ms + 4 * FRAME_MS)
+        probe = probes(call)[0]
+        probe.transcript("Sorry,", final=True)
+        probe.complete()
+        await call.settle()
+        (judged,) = call.of_type(ev.OverlapJudged)
+        if judge == "rules":
+            assert judged.kind == "interruption" and not read
+        else:  # the model's reading (here: a backchannel) decides, from the overlap's frames so far
+            assert judged.kind == "backchannel" and call.of_type(ev.ResponseResumed)
+            frames, text, voiced_ms = read[-1]
+            assert text == "Sorry," and voiced_ms > 0 and frames * FRAME_MS > voiced_ms
