@@ -96,8 +96,8 @@ async def test_a_session_with_the_learned_judge_reads_the_overlaps_words_with_it
     from duplex.session import listen
     from duplex.session.realtime import events as ev
     from tests.session_fakes import Call, words
-    from tests.test_session_overlap_words import REPLY, probes
     from tests.test_session_call import answering
+    from tests.test_session_overlap_words import REPLY, probes
 
     read: list[tuple[int, str, int]] = []
 
