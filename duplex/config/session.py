@@ -88,6 +88,10 @@ class BargeInConfig(_Strict):
     # words.FLOOR_WORDS ("stop", "wait", "sorry"); fewer are left to the sound (Whisper
     # hears a lone "uh-huh" as "I" or a made-up word)
     min_words: int = Field(2, ge=1, le=20)
+    # who reads the overlap's words: ``learned``, the model trained on many synthetic voices, rooms
+    # and lines (duplex/session/turn_model.json: the words with the sound's voicing, periodicity and
+    # level); ``rules``, the word lists (words.BACKCHANNELS, FLOOR_WORDS) and min_words
+    judge: Literal["rules", "learned"] = "rules"
 
     @model_validator(mode="after")
     def _check(self) -> BargeInConfig:
@@ -120,6 +124,10 @@ class SemanticTurnConfig(_Strict):
     # eagerness'). Whisper left Piper's "I would like to order a large", cut mid-sentence, open
     # while Smart Turn gave it 0.79 after the pause; None: the transcript's punctuation is not read.
     unclosed_at: float | None = Field(None, ge=0, le=1)
+    # how a pause is judged: ``learned``, the model trained on many synthetic voices (Smart Turn's
+    # probability with the turn's words: duplex/session/turn_model.json); ``rules``, the threshold
+    # and the word lists above (a server without Smart Turn always judges by the rules)
+    judge: Literal["rules", "learned"] = "rules"
 
     @property
     def complete_at(self) -> float:

@@ -10,6 +10,9 @@ the model says: Smart Turn hears Piper's "Sorry, can I ask something else instea
 complete turn ends at once; one that is not waits, up to the longest pause
 (``TurnDetector.silence_ms``).
 
+With ``semantic.judge: learned`` the same probability and words are read by the learned model
+(``turn_model``: trained on many synthetic voices) instead of the threshold and word lists.
+
 The model runs off the event loop (it is awaited in a session task) and its verdict arrives a
 few frames later; it counts only if the pause it was asked about still goes on then.
 
@@ -29,7 +32,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from duplex.config.session import SemanticTurnConfig
-from duplex.session.words import HANGING_WORDS, NEVER_LAST
+from duplex.session.turn_model import read_pause
+from duplex.session.words import HANGING_WORDS, NEVER_LAST, asks, closes
 
 
 class TurnEndModel(Protocol):
@@ -51,17 +55,6 @@ def words_hang(text: str) -> bool:
     trails_off = text.rstrip(" \"')").endswith(("...", "\u2026"))
     hanging = NEVER_LAST if asks(text) else HANGING_WORDS
     return bool(words) and (words[-1] in hanging or trails_off)
-
-
-def closes(text: str) -> bool:
-    """The transcript ends a sentence (the ASR's . ! ? or an ellipsis' trailing off, which
-    ``words_hang`` reads)."""
-    return text.rstrip(" \"')").endswith((".", "!", "?", "\u2026"))
-
-
-def asks(text: str) -> bool:
-    """The transcript ends a question (the ASR's "?", from the syntax and the rising voice)."""
-    return text.rstrip(" \"')").endswith("?")
 
 
 @dataclass(frozen=True)
@@ -141,6 +134,10 @@ class EndOfTurnJudge:
         words_open = config.unclosed_at is not None and bool(self._words) and not closes(self._words)
         complete_at = max(config.complete_at, config.unclosed_at or 0.0) if words_open else config.complete_at
         sounds_complete = probability is None or probability >= complete_at
+        complete = (sounds_complete or question) and not hangs
+        learned = read_pause(probability, self._words) if config.judge == "learned" and probability is not None \
+            else None
+        if learned is not None:  # the learned reading of the same sound and words
+            complete = learned
         self._asked = self._waiting = None
-        self._settle(TurnJudgement(pause_end_ms, probability, hangs, (sounds_complete or question) and not hangs,
-                                   question, words_open))
+        self._settle(TurnJudgement(pause_end_ms, probability, hangs, complete, question, words_open))

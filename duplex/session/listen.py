@@ -18,11 +18,12 @@ from duplex.config.session import SessionConfig
 from duplex.runtime.contract import CallerAudio, Transcript
 from duplex.session.counters import SessionCounters
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict, at_onset
-from duplex.session.overlap_words import OverlapEars
+from duplex.session.overlap_words import OverlapEars, Said
 from duplex.session.playout import AudioClear, Playout
 from duplex.session.port import VoiceRuntime
 from duplex.session.response import Response
 from duplex.session.turn_audio import TurnAudio
+from duplex.session.turn_model import read_overlap
 from duplex.session.turns import TurnDetector
 
 
@@ -66,7 +67,7 @@ class BargeInListener:
     def __init__(self, host: ListenHost, runtime: VoiceRuntime, session_id: str,
                  spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         self._host = host
-        self._listening: Listening[Response] = Listening()  # a reply paused at an onset (overlap.py)
+        self._listening: Listening[Response] = Listening(self._hear)  # a reply paused at an onset (overlap.py)
         self.ears = OverlapEars(runtime, session_id, spawn, self._on_words,
                                 lambda: self._settle_if(self._listening.words_lost()))
 
@@ -142,6 +143,13 @@ class BargeInListener:
     def stop(self) -> None:
         """The session closes: no probe is left running."""
         self.ears.stop()
+
+    def _hear(self, text: str, voiced_ms: int) -> Said | None:
+        """``barge_in.judge: learned``: what the overlap's words and sound say, read by the learned
+        model (``turn_model``) from the overlap's frames so far; None: the word lists read them."""
+        if self._host.config.barge_in.judge != "learned":
+            return None
+        return read_overlap(self._host.audio.frames(), text, voiced_ms)
 
     def _on_words(self, transcript: Transcript) -> None:
         self._settle_if(self._listening.heard(transcript.text, transcript.final))

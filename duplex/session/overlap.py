@@ -43,6 +43,7 @@ the onset is an interruption decided by its sound the moment it is recognised (`
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
@@ -152,7 +153,11 @@ class Listening(Generic[R]):
     words heard of it (when they are coming), and the last sound a reply played on through (which
     a sound soon after continues)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hearing: Callable[[str, int], Said | None] | None = None) -> None:
+        """``hearing``: what an overlap's words (and the sound they came with) say, read by the
+        learned decision (``turn_model``): given the transcript and the voiced ms; None from it,
+        or no ``hearing``: the word lists' reading (``overlap_words``)."""
+        self._hearing = hearing
         self._machine = StateMachine("listening", ListenPhase.IDLE, LISTEN_TRANSITIONS)
         self.judge: OverlapJudge | None = None  # set while not idle
         self.reply: R | None = None  # ... and the reply paused
@@ -262,6 +267,9 @@ class Listening(Generic[R]):
         """What ``text`` says, when a sound with ``voiced_ms`` of voice could have said its words
         (else nothing: a noise Whisper put words to)."""
         assert self.judge is not None
+        learned = self._hearing(text, voiced_ms) if self._hearing is not None else None
+        if learned is not None:
+            return learned
         config = self.judge.config
         words = spoken_words(text)
         return what_words_say(words if credible(words, voiced_ms, config.noise_ms) else [], config.min_words)

@@ -60,6 +60,10 @@ class TurnAudio:
         self._pending = []
         return self._caller_audio(self._turn)
 
+    def frames(self) -> list[Frame]:
+        """The whole turn so far, frame by frame (nothing pending changes)."""
+        return list(self._turn)
+
     def turn_samples(self) -> np.ndarray:
         """The whole turn so far, float32 (nothing pending changes)."""
         return self._caller_audio(self._turn).samples

@@ -30,3 +30,15 @@ NEVER_LAST = frozenset(("um", "uh", "er", "erm", "ah", "the", "a", "an", "and", 
 # it is?"), so in a transcript the ASR wrote as a question they do not hang.
 HANGING_WORDS = NEVER_LAST | frozenset(("to", "of", "for", "with", "at", "from", "by", "about", "into", "want",
                                         "like", "is"))
+
+
+# -- the ASR's punctuation (endpoint.py, turn_model.py) --------------------------------------------
+def closes(text: str) -> bool:
+    """The transcript ends a sentence (the ASR's . ! ? or an ellipsis' trailing off, which
+    ``words_hang`` reads)."""
+    return text.rstrip(" \"')").endswith((".", "!", "?", "\u2026"))
+
+
+def asks(text: str) -> bool:
+    """The transcript ends a question (the ASR's "?", from the syntax and the rising voice)."""
+    return text.rstrip(" \"')").endswith("?")

@@ -16,6 +16,9 @@ made at run time) ``--rounds`` times per mode:
 - ``noise``: a cough and a knock-like burst while the agent talks; same take-over;
 - ``interruption``: a real interruption; the agent must yield and answer it.
 
+``--corpus PART`` judges the synthetic corpus of many voices instead, in process
+(``duplex_tools.turn_corpus``); ``--train`` trains the learned decisions from it.
+
 Latencies: end of speech -> first agent audio (every answered question), onset -> agent silent
 (interruptions), interruption -> its answer, and a false onset's end -> the agent heard again.
 """
@@ -37,6 +40,7 @@ from duplex_tools.report import percentile, table, write_json
 from duplex_tools.scenario.measure import ScenarioResult, measure
 from duplex_tools.scenario.model import PIPER, Scenario
 from duplex_tools.scenario.runner import run_scenario
+from duplex_tools.turn_corpus.bench import add_arguments, run_corpus
 
 Settings = dict[str, Any]  # a mode's session settings (JSON, as session.update sends them)
 SILENCE = {"type": "server_vad"}  # asked for by name: the bundled pipelines' sessions default to semantic_vad
@@ -169,7 +173,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help=f"categories to play, comma-separated, of {', '.join(CATEGORIES)} "
                              "(question: three questions alone, for the time to first audio)")
     parser.add_argument("--json", dest="json_path", help="write results here")
-    parser.add_argument("--plot", help="write a PNG of the take-over rates and latencies here")
+    parser.add_argument("--plot", help="write a PNG of the take-over rates and latencies here (with --corpus: "
+                                       "a heat map of take-overs by variant x condition)")
+    add_arguments(parser)
     parser.set_defaults(func=run, takes_overrides=False)
 
 
@@ -211,6 +217,8 @@ async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, Se
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.corpus is not None or args.train:
+        return run_corpus(args)
     chosen_modes = modes([m for m in args.modes.split(",") if m], args.speculate_ms, _default_name(args.config))
     categories_played = _categories(args.categories)
     use_loopback_candidates(True)

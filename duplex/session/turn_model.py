@@ -1,0 +1,188 @@
+"""Learned turn-taking decisions: a small linear model (weights in one JSON file, applied with
+numpy) of what an overlap is (backchannel / interruption / noise) once its words are heard, and of
+whether a pause ends a complete turn. Trained from a synthetic corpus of many voices, rooms and
+lines by ``duplex bench turn-taking --train`` (tools/duplex_tools/turn_corpus); the default server
+needs nothing but numpy to apply it.
+
+Its inputs are what the session has at the decision: the sound since the overlap's onset (per
+frame: level, periodicity, the VAD's verdict: ``SoundTrace``), the ASR's words, and for a pause
+Smart Turn's probability and the turn's words. The word lists read are ``words.py``'s."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from duplex.session.overlap_words import MS_PER_WORD, Said, is_backchannel, spoken_words
+from duplex.session.words import BACKCHANNELS, FLOOR_WORDS, HANGING_WORDS, NEVER_LAST, asks, closes
+
+OVERLAP_CLASSES = ("backchannel", "interruption", "noise")
+PAUSE_CLASSES = ("open", "complete")
+MODEL_PATH = Path(__file__).with_name("turn_model.json")
+_MIN_LAG, _MAX_LAG = 40, 267  # 60-400 Hz at 16 kHz: a voice's pitch periods
+# what each class of overlap says to the listening barge-in (``overlap.Listening``)
+SAID = {"backchannel": Said.BACKCHANNEL, "interruption": Said.FLOOR, "noise": Said.NOTHING}
+
+
+def periodicity(window: np.ndarray) -> float:
+    """How periodic ``window`` (int16 or float, >= 2 pitch periods) is: the normalised
+    autocorrelation's peak over a voice's pitch lags (a vowel near 1, a knock or hiss near 0)."""
+    x = np.asarray(window, np.float64)
+    x = x - x.mean()
+    n = len(x)
+    if n <= _MAX_LAG or not np.any(x):
+        return 0.0
+    spectrum = np.fft.rfft(x, 2 * n)
+    ac = np.fft.irfft(spectrum * np.conj(spectrum))[:n]
+    lags = np.arange(_MIN_LAG, min(_MAX_LAG, n - 1))
+    norm = ac[lags] / (ac[0] * (n - lags) / n)
+    return float(max(0.0, norm.max()))
+
+
+def _level_db(frame: np.ndarray) -> float:
+    rms = float(np.sqrt(np.mean(np.asarray(frame, np.float64) ** 2))) / 32768.0
+    return 20.0 * math.log10(rms) if rms > 1e-6 else -120.0
+
+
+@dataclass(frozen=True)
+class SoundTrace:
+    """The overlap's sound per frame (from its onset's prefix on): level (dBFS), periodicity, and
+    the VAD's verdict."""
+
+    levels: np.ndarray
+    periodic: np.ndarray
+    voiced: list[bool]
+
+    @classmethod
+    def of(cls, frames: list[tuple[np.ndarray, bool]]) -> SoundTrace:
+        """``frames``: int16 16 kHz samples and the VAD's verdict (``TurnAudio``'s frames)."""
+        levels, periodic = [], []
+        previous = np.zeros(0, np.int16)
+        for frame, _ in frames:
+            levels.append(_level_db(frame))
+            periodic.append(periodicity(np.concatenate([previous, frame])))
+            previous = frame
+        return cls(np.asarray(levels), np.asarray(periodic), [voiced for _, voiced in frames])
+
+
+OVERLAP_FEATURES = ("voiced_s", "sound_s", "voiced_share", "periodic_mean", "periodic_max", "periodic_rise",
+                    "level_above_floor", "level_spread", "words", "all_backchannel", "floor_word", "other_words",
+                    "no_words", "words_per_voiced_s")
+
+
+def overlap_features(trace: SoundTrace, voiced_ms: int, text: str) -> np.ndarray:
+    """The overlap's features (``OVERLAP_FEATURES``) from its sound so far and its words."""
+    voiced = np.flatnonzero(trace.voiced)
+    levels, periodic = trace.levels, trace.periodic
+    if voiced.size:
+        span = trace.voiced[voiced[0]:voiced[-1] + 1]
+        sound_s, share = 0.02 * len(span), float(np.mean(span))
+        p = periodic[voiced]
+        half = max(1, len(p) // 2)
+        rise = float(p[half:].mean() - p[:half].mean()) if len(p) > 1 else 0.0
+        above = float(levels[voiced].mean() - levels.min()) / 10.0
+        spread = float(levels[voiced].std()) / 10.0
+        p_mean, p_max = float(p.mean()), float(p.max())
+    else:
+        sound_s = share = rise = above = spread = p_mean = p_max = 0.0
+    words = spoken_words(text)
+    credible = len(words) * MS_PER_WORD <= max(voiced_ms, 1)
+    backchannel = bool(words) and is_backchannel(words)
+    floor = any(word in FLOOR_WORDS for word in words)
+    others = sum(1 for word in words if (word,) not in BACKCHANNELS)
+    return np.array([voiced_ms / 1000, sound_s, share, p_mean, p_max, rise, above, spread, min(len(words), 8) / 4,
+                     float(backchannel), float(floor), min(others, 8) / 4, float(not words),
+                     float(credible) * len(words) / max(voiced_ms / 1000, 0.1) / 10], np.float64)
+
+
+PAUSE_FEATURES = ("probability", "logit", "last_never", "last_hanging", "asks", "closes", "comma", "trails_off",
+                  "words", "no_words")
+
+
+def pause_features(probability: float, text: str) -> np.ndarray:
+    """A pause's features (``PAUSE_FEATURES``) from Smart Turn's probability and the turn's words."""
+    words = [w for w in text.lower().replace(",", " ").replace(".", " ").replace("?", " ").split() if w]
+    last = words[-1].strip("!\"'") if words else ""
+    p = min(max(probability, 1e-4), 1 - 1e-4)
+    trails = text.rstrip(" \"')").endswith(("...", "\u2026"))
+    return np.array([p, math.log(p / (1 - p)) / 4, float(last in NEVER_LAST), float(last in HANGING_WORDS),
+                     float(asks(text)), float(closes(text) and not trails), float(text.rstrip().endswith(",")),
+                     float(trails), min(len(words), 20) / 10, float(not words)], np.float64)
+
+
+@dataclass(frozen=True)
+class LinearModel:
+    """Multinomial logistic regression: standardise, then softmax(W x + b)."""
+
+    classes: tuple[str, ...]
+    features: tuple[str, ...]
+    mean: np.ndarray
+    scale: np.ndarray
+    weights: np.ndarray  # classes x features
+    bias: np.ndarray
+
+    def probabilities(self, x: np.ndarray) -> dict[str, float]:
+        z = self.weights @ ((x - self.mean) / self.scale) + self.bias
+        if len(self.classes) == 2 and self.weights.shape[0] == 1:  # binary: one row, P(classes[1])
+            p = 1.0 / (1.0 + math.exp(-float(z[0])))
+            return {self.classes[0]: 1 - p, self.classes[1]: p}
+        e = np.exp(z - z.max())
+        return dict(zip(self.classes, (e / e.sum()).tolist()))
+
+    def to_json(self) -> dict[str, object]:
+        return {"classes": list(self.classes), "features": list(self.features), "mean": self.mean.tolist(),
+                "scale": self.scale.tolist(), "weights": self.weights.tolist(), "bias": self.bias.tolist()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, list]) -> LinearModel:
+        return cls(tuple(data["classes"]), tuple(data["features"]), np.asarray(data["mean"], np.float64),
+                   np.asarray(data["scale"], np.float64), np.asarray(data["weights"], np.float64),
+                   np.asarray(data["bias"], np.float64))
+
+
+@dataclass(frozen=True)
+class TurnModels:
+    overlap: LinearModel
+    pause: LinearModel
+    complete_at: float = 0.5  # P(complete) at/above which a pause ends the turn
+
+    @classmethod
+    def load(cls, path: Path = MODEL_PATH) -> TurnModels:
+        """The models in ``path`` (a ValueError names what is wrong with it)."""
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        overlap, pause = LinearModel.from_json(data["overlap"]), LinearModel.from_json(data["pause"])
+        if overlap.features != OVERLAP_FEATURES or pause.features != PAUSE_FEATURES:
+            raise ValueError(f"{path}: its features are not this duplex's (retrain: duplex bench turn-taking --train)")
+        return cls(overlap, pause, float(data.get("complete_at", 0.5)))
+
+    def overlap_kind(self, trace: SoundTrace, voiced_ms: int, text: str) -> str:
+        probabilities = self.overlap.probabilities(overlap_features(trace, voiced_ms, text))
+        return max(probabilities, key=lambda c: probabilities[c])
+
+    def pause_complete(self, probability: float, text: str) -> float:
+        return self.pause.probabilities(pause_features(probability, text))["complete"]
+
+
+@lru_cache(maxsize=1)
+def shipped_models() -> TurnModels | None:
+    """The models that ship with duplex (``turn_model.json``); None where it is missing (the
+    sessions then decide by the rules)."""
+    return TurnModels.load(MODEL_PATH) if MODEL_PATH.is_file() else None
+
+
+def read_pause(probability: float, text: str) -> bool | None:
+    """The shipped model's reading of a pause (complete or not); None without the model."""
+    models = shipped_models()
+    return None if models is None else models.pause_complete(probability, text) >= models.complete_at
+
+
+def read_overlap(frames: list[tuple[np.ndarray, bool]], text: str, voiced_ms: int) -> Said | None:
+    """What the shipped model hears an overlap say, from its frames (from its onset's prefix on)
+    and words; None without the model."""
+    models = shipped_models()
+    return None if models is None else SAID[models.overlap_kind(SoundTrace.of(frames), voiced_ms, text)]

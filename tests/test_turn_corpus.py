@@ -1,0 +1,78 @@
+"""The synthetic turn-taking corpus (tools/duplex_tools/turn_corpus): made the same on every run,
+as big as the bench needs (speakers, variants, conditions, disjoint parts), and its learned
+decisions trained the same from the same clips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from duplex.session.turn_model import OVERLAP_FEATURES, PAUSE_FEATURES, TurnModels
+from duplex_tools.turn_corpus import spec
+from duplex_tools.turn_corpus.evaluate import Examples
+from duplex_tools.turn_corpus.render import render
+from duplex_tools.turn_corpus.train import train, write
+
+ESPEAK = next(s for s in spec.speakers_of("espeak") if s.shift_cents)  # sox shifts its pitch too
+
+
+def test_the_corpus_holds_what_the_bench_needs_in_disjoint_parts():
+    assert len(spec.SPEAKERS) >= 24 and len({s.name for s in spec.SPEAKERS}) == len(spec.SPEAKERS)
+    assert len({form.removesuffix(" x2") for form in spec.BACKCHANNELS}) >= 12
+    assert len(spec.NOISES) >= 8 and len(spec.INTERRUPTIONS) >= 12 and len(spec.PAUSES) >= 8
+    dev, held_out = set(spec.speakers_of("dev")), set(spec.speakers_of("held-out"))
+    assert not dev & held_out and dev | held_out == set(spec.SPEAKERS)
+    for part in (dev, held_out):  # each part has both synthesisers
+        assert {s.synth for s in part} == {"espeak", "piper"}
+    # every cell (variant x condition) has speakers of both parts
+    for part in ("dev", "held-out"):
+        cells = {(c.category, c.variant, c.condition) for c in spec.clips(part)}
+        assert len(cells) == sum(len(spec.variants(c)) for c in spec.CATEGORIES) * len(spec.CONDITIONS)
+    with pytest.raises(ValueError, match="unknown corpus split 'nope'"):
+        spec.speakers_of("nope")
+
+
+@pytest.mark.parametrize("condition", spec.CONDITIONS)
+def test_a_clip_is_made_the_same_on_every_run(tmp_path: Path, condition: str):
+    clip = spec.Clip("pause", "after and", condition, ESPEAK)
+    first, again = render(tmp_path / "a", clip), render(tmp_path / "b", clip)
+    assert np.array_equal(first.audio, again.audio) and first.audio.dtype == np.int16
+    assert (first.start, first.pause_at, first.end) == (again.start, again.pause_at, again.end)
+    assert first.pause_at is not None and first.start < first.pause_at < first.end
+    # the pause put in is quiet for the pause's length (clean: near digital silence, -60 dBFS; the
+    # sox pitch shift smears a little of the words into it)
+    pause = first.audio[first.pause_at + 320:first.pause_at + int(spec.PAUSE_S * 16000) - 320]
+    if condition == "clean":
+        assert np.sqrt(np.mean(pause.astype(np.float64) ** 2)) < 32768 * 1e-3
+    noise = spec.Clip("noise", "knock", condition, ESPEAK)
+    assert np.array_equal(render(tmp_path / "a", noise).audio, render(tmp_path / "b", noise).audio)
+
+
+def _examples(seed: int) -> Examples:
+    """Features of the shape the corpus gives (the training's input), made from a seed."""
+    rng = np.random.default_rng(seed)
+    examples = Examples()
+    for label, shift in (("backchannel", 0.0), ("interruption", 1.0), ("noise", -1.0)):
+        examples.overlap += [(rng.normal(shift, 1.0, len(OVERLAP_FEATURES)), label) for _ in range(40)]
+    for label, shift in (("complete", 1.0), ("open", -1.0)):
+        examples.pause += [(rng.normal(shift, 1.0, len(PAUSE_FEATURES)), label) for _ in range(40)]
+    return examples
+
+
+def test_training_is_deterministic_and_the_file_loads_back(tmp_path: Path):
+    write(train(_examples(7)), tmp_path / "a.json")
+    write(train(_examples(7)), tmp_path / "b.json")
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    write(train(_examples(8)), tmp_path / "c.json")
+    assert (tmp_path / "c.json").read_bytes() != (tmp_path / "a.json").read_bytes()  # the data counts
+    models = TurnModels.load(tmp_path / "a.json")
+    assert models.overlap.classes == ("backchannel", "interruption", "noise")
+    assert 0.5 <= models.complete_at < 1
+    data = json.loads((tmp_path / "a.json").read_text())
+    data["pause"]["features"] = data["pause"]["features"][:-1]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="features are not this duplex's"):
+        TurnModels.load(tmp_path / "bad.json")

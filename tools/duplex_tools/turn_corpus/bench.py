@@ -1,0 +1,56 @@
+"""``duplex bench turn-taking --corpus PART``: the corpus' in-process mode (no server): every clip
+of PART through today's rules and the learned decisions, side by side; ``--train``: the learned
+decisions trained from the dev part (or ``--train-on``) and written to ``--model``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from duplex.session.turn_model import MODEL_PATH, TurnModels
+from duplex_tools.report import write_json
+from duplex_tools.turn_corpus import spec
+
+DEFAULT_CACHE = Path.home() / ".cache" / "duplex" / "turn_corpus"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("corpus (in process, no server)")
+    group.add_argument("--corpus", choices=spec.SPLITS,
+                       help="judge this part of the synthetic corpus in process: today's rules and the learned "
+                            "decisions side by side (dev, held-out; espeak, piper: by synthesiser; all)")
+    group.add_argument("--train", action="store_true",
+                       help="train the learned decisions from --train-on and write them to --model")
+    group.add_argument("--train-on", default="dev", choices=spec.SPLITS, help="the part trained on (default dev)")
+    group.add_argument("--model", type=Path, default=MODEL_PATH, help=f"the learned decisions (default {MODEL_PATH})")
+    group.add_argument("--full", action="store_true",
+                       help="every speaker under every condition (default: clean and two others per speaker "
+                            "and variant, in rotation: every cell, half the compute)")
+    group.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                       help=f"generated audio and the models' answers (default {DEFAULT_CACHE})")
+
+
+def run_corpus(args: argparse.Namespace) -> int:
+    from duplex_tools.turn_corpus.evaluate import evaluate
+    from duplex_tools.turn_corpus.report import heat_map, print_report
+    from duplex_tools.turn_corpus.train import train, write
+
+    command = "duplex bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    if args.train:
+        print(f"training on the {args.train_on} part ...", file=sys.stderr, flush=True)
+        _, examples = evaluate(args.cache, args.train_on, None, args.full)
+        write(train(examples), args.model)
+        print(f"wrote {args.model} ({len(examples.overlap)} overlap and {len(examples.pause)} pause examples)")
+    if args.corpus is None:
+        return 0
+    models = TurnModels.load(args.model) if Path(args.model).is_file() else None
+    outcomes, _ = evaluate(args.cache, args.corpus, models, args.full)
+    report = print_report(outcomes, args.corpus)
+    report["command"], report["part"] = command, args.corpus
+    write_json(args.json_path, report)
+    if args.plot:
+        heat_map(outcomes, Path(args.plot), command)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,91 @@
+"""The models the session's decisions hear with, run here as the server runs them, their answers
+cached on disk by the audio's hash (``cache/asr.json``, ``cache/smart_turn.json``), so a rerun
+costs nothing: Whisper-base through the local ASR's own ``WhisperTranscriber`` with the streaming
+policy's window, and Smart Turn."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from duplex.models.local.asr import StreamingPolicy
+
+RATE = 16_000
+_HOP = 160
+
+
+class _Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        self.dirty = 0
+
+    def save(self) -> None:
+        if self.dirty:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data))
+            tmp.replace(self.path)
+            self.dirty = 0
+
+
+def _hash(audio: np.ndarray) -> str:
+    return hashlib.sha1(np.ascontiguousarray(audio, np.int16).tobytes()).hexdigest()[:24]
+
+
+class Ears:
+    def __init__(self, cache: Path, threads: int = 2) -> None:
+        self._asr_store = _Store(cache / "asr.json")
+        self._turn_store = _Store(cache / "smart_turn.json")
+        self._threads = threads
+        self._whisper: Any = None
+        self._smart: Any = None
+        self.policy = StreamingPolicy()
+
+    def words(self, audio: np.ndarray) -> str:
+        """What the pipeline's ASR writes for int16 ``audio`` (a final transcript)."""
+        key = _hash(audio)
+        if key not in self._asr_store.data:
+            if self._whisper is None:
+                from duplex.models.local.asr import WhisperTranscriber
+                from duplex.models.local.assets import prepare_whisper
+
+                self._whisper = WhisperTranscriber(prepare_whisper(), threads=self._threads)
+            clip = audio.astype(np.float32) / 32768.0
+            (text,) = self._whisper.transcribe([clip], self._window_frames(len(clip)))
+            self._asr_store.data[key] = text
+            self._asr_store.dirty += 1
+            if self._asr_store.dirty >= 50:
+                self._asr_store.save()
+        return str(self._asr_store.data[key])
+
+    def _window_frames(self, samples: int) -> int:
+        policy = self.policy
+        seconds = samples / RATE
+        window_s = min(30.0, max(policy.min_window_s,
+                                 math.ceil((seconds + policy.window_margin_s) / policy.window_step_s)
+                                 * policy.window_step_s))
+        return int(window_s * RATE / _HOP)
+
+    def complete_probability(self, audio: np.ndarray) -> float:
+        """Smart Turn's P(turn complete) for int16 ``audio`` (the turn so far)."""
+        key = _hash(audio)
+        if key not in self._turn_store.data:
+            if self._smart is None:
+                from duplex.models.smart_turn.model import SmartTurn
+
+                self._smart = SmartTurn()
+            self._turn_store.data[key] = self._smart.predict(audio.astype(np.float32) / 32768.0)
+            self._turn_store.dirty += 1
+            if self._turn_store.dirty >= 50:
+                self._turn_store.save()
+        return float(self._turn_store.data[key])
+
+    def save(self) -> None:
+        self._asr_store.save()
+        self._turn_store.save()

@@ -1,0 +1,62 @@
+"""The learned turn-taking decisions (``duplex.session.turn_model``), trained from one part of the
+corpus by one command (``duplex bench turn-taking --train``): multinomial logistic regression
+(scikit-learn, lbfgs: deterministic) over the features the decisions read, standardised; the
+pause's threshold picked on the same part (the lowest P(complete) at which at most
+``OPEN_BUDGET`` of its judged pauses that were not the turn's end would end it: a trade of pauses
+taken over against complete turns left waiting for the longest pause). Written as JSON weights the server
+applies with numpy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from duplex.session.turn_model import OVERLAP_FEATURES, PAUSE_FEATURES, LinearModel, TurnModels
+from duplex_tools.turn_corpus.evaluate import Examples
+
+OPEN_BUDGET = 0.10  # pauses of the training part that are not the end which the pause model may end
+
+
+def fit(rows: list[tuple[np.ndarray, str]], features: tuple[str, ...], c: float = 1.0) -> LinearModel:
+    from sklearn.linear_model import LogisticRegression
+
+    if not rows:
+        raise ValueError("no examples to train on")
+    x = np.stack([row for row, _ in rows])
+    y = np.array([label for _, label in rows])
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale < 1e-9] = 1.0
+    model = LogisticRegression(C=c, max_iter=5000, class_weight="balanced")
+    model.fit((x - mean) / scale, y)
+    return LinearModel(tuple(str(k) for k in model.classes_), features, mean, scale,
+                       np.asarray(model.coef_, np.float64), np.asarray(model.intercept_, np.float64))
+
+
+def pick_threshold(pause: LinearModel, rows: list[tuple[np.ndarray, str]]) -> float:
+    opens = sorted(pause.probabilities(x)["complete"] for x, label in rows if label == "open")
+    if not opens:
+        return 0.5
+    allowed = int(OPEN_BUDGET * len(opens))  # this many open pauses may score at/above it
+    return float(round(min(0.99, max(0.5, opens[len(opens) - 1 - allowed] + 1e-6)), 6))
+
+
+def train(examples: Examples) -> TurnModels:
+    overlap = fit(examples.overlap, OVERLAP_FEATURES)
+    pause = fit(examples.pause, PAUSE_FEATURES)
+    return TurnModels(overlap, pause, pick_threshold(pause, examples.pause))
+
+
+def write(models: TurnModels, path: Path) -> None:
+    payload = {"comment": "made by `duplex bench turn-taking --train` (tools/duplex_tools/turn_corpus/train.py)",
+               "complete_at": models.complete_at, "overlap": models.overlap.to_json(), "pause": models.pause.to_json()}
+    text = json.dumps(payload, indent=1)
+    Path(path).write_text(_rounded(text) + "\n", encoding="utf-8")
+
+
+def _rounded(text: str) -> str:
+    """Floats to 8 significant digits: the file reads the same on every machine's last bits."""
+    data = json.loads(text, parse_float=lambda s: float(f"{float(s):.8g}"))
+    return json.dumps(data, indent=1)
