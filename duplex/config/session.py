@@ -152,6 +152,9 @@ class SessionConfig(_Strict):
     turn_detection: Literal["server_vad", "semantic_vad", "none"] = "server_vad"
     semantic: SemanticTurnConfig = Field(default_factory=SemanticTurnConfig)
     instructions: str = Field("", max_length=32_768)
+    # the voice the TTS stage speaks in (session.update ``voice``); "": the stage's default. A TTS
+    # stage that calls a speech server checks it against the voices the server offers.
+    voice: str = Field("", max_length=128)
     # Send the pipeline a ``{"session_end": true}`` request at hang-up so stages that keep
     # per-session state (the local thinker's history and conversation KV) free it. Only for
     # pipelines whose stages know that request: others would answer it like a turn.

@@ -8,6 +8,7 @@ from duplex.models.local.stages import BUILDERS as LOCAL
 from duplex.models.qwen3_omni.stages import BUILDERS as QWEN3_OMNI
 from duplex.models.toy.stages import BUILDERS as TOY
 from duplex.models.toy_voice.stages import BUILDERS as TOY_VOICE
+from duplex.models.wyoming.stages import BUILDERS as WYOMING
 
 BUILDERS = {
     **ENGINE,
@@ -15,4 +16,5 @@ BUILDERS = {
     **QWEN3_OMNI,
     **TOY,
     **TOY_VOICE,
+    **WYOMING,
 }

@@ -184,6 +184,7 @@ class TurnRequest(msgspec.Struct, frozen=True, tag=True):
     # same history as a spoken turn.
     text: str | None = None
     output_audio: bool = True  # False: a text-only reply; stages that voice the reply skip it
+    voice: str = ""  # the voice to speak in (session.update ``voice``); "": the TTS stage's default
     options: dict[str, int | float | str | bool] = {}  # a family's own per-request knobs (benches)
     tools: list[ToolSpec] = []  # functions the model may call in this turn (session.update ``tools``)
     tool_choice: str = "auto"  # auto | none | required | the name of one of ``tools``
