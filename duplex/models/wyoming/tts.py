@@ -18,6 +18,7 @@ request fails with a message naming them.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from duplex.models.local.tts import PhraseSplitter
 from duplex.models.wyoming.client import Connection, Endpoint, ServiceError, chunk_samples
 from duplex.runtime.contract import AgentAudio, AgentText, Request, TurnRequest, WorkItem
 
+log = logging.getLogger("duplex.wyoming")
 _LISTED = 256  # voices named in an unknown-voice error (Piper offers its whole catalog: 174)
 
 
@@ -55,10 +57,9 @@ class WyomingTTS:
         self.endpoint, self.settings = endpoint, settings
         self._voices: tuple[str, ...] | None = None
         self._streams = 0  # connections open now (stats: a barge-in closes its stream at once)
-        self.closed_streams = 0
 
     def held(self) -> dict[str, int]:
-        return {"open_streams": self._streams, "closed_streams": self.closed_streams}
+        return {"open_streams": self._streams}
 
     async def run(self, request_id: str, request: Request, inputs: AsyncIterator[WorkItem]) -> AsyncIterator[Any]:
         if not isinstance(request, TurnRequest) or not request.output_audio:
@@ -82,8 +83,8 @@ class WyomingTTS:
         finally:  # the stream is closed first: a cancel (barge-in) may land at any await below
             if connection is not None:
                 self._streams -= 1
-                self.closed_streams += 1
                 await connection.close()
+                log.debug("request %s: tts stream to %s closed", request_id, self.endpoint.url)
             if sender is not None and not sender.done():
                 sender.cancel()
                 await asyncio.gather(sender, return_exceptions=True)
