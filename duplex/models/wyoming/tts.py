@@ -2,7 +2,7 @@
 (Piper's, ...) phrase by phrase as the thinker streams it, and the audio comes back chunk by
 chunk as the server sends it.
 
-Phrases are cut as the in-process TTS cuts them (``local.tts.PhraseSplitter``: the first at
+Phrases are cut as the in-process TTS cuts them (``contract.PhraseSplitter``: the first at
 "Sure," so the first audio comes early) and each goes out as one ``synthesize`` on the request's
 one connection, without waiting for the audio of the one before (the server answers them in
 order, one ``audio-start`` .. ``audio-stop`` each). The first chunk of a phrase carries the phrase
@@ -27,9 +27,8 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeVoice
 
-from duplex.models.local.tts import PhraseSplitter
 from duplex.models.wyoming.client import Connection, Endpoint, ServiceError, chunk_samples
-from duplex.runtime.contract import AgentAudio, AgentText, Request, TurnRequest, WorkItem
+from duplex.runtime.contract import AgentAudio, AgentText, PhraseSplitter, Request, TurnRequest, WorkItem
 
 log = logging.getLogger("duplex.wyoming")
 _LISTED = 256  # voices named in an unknown-voice error (Piper offers its whole catalog: 174)
