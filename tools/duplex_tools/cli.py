@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-from duplex_tools.bench import admission, barge_in, doors, load, pipeline, relay, soak, turn, turn_taking
+from duplex_tools.bench import (
+    admission,
+    barge_in,
+    doors,
+    load,
+    pipeline,
+    relay,
+    services,
+    soak,
+    turn,
+    turn_taking,
+)
 from duplex_tools.scenario import cli as scenario
 
 
@@ -20,6 +31,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     doors.add_parser(bench)
     turn_taking.add_parser(bench)
     admission.add_parser(bench)
+    services.add_parser(bench)
 
 
 def add_scenario(sub: argparse._SubParsersAction) -> None:
