@@ -66,8 +66,10 @@ class WyomingServer:
 
     @classmethod
     def whisper(cls, model_dir: Path, **kwargs: object) -> WyomingServer:
+        # int8 and greedy, as the in-process ASR decodes (the server's default beam of 5 took ~25 % longer)
         return cls("wyoming_faster_whisper", ["--model", str(model_dir), "--language", "en", "--local-files-only",
-                                              "--compute-type", "int8"], **kwargs)  # type: ignore[arg-type]
+                                              "--compute-type", "int8", "--beam-size", "1"],
+                   **kwargs)  # type: ignore[arg-type]
 
     @classmethod
     def piper(cls, **kwargs: object) -> WyomingServer:

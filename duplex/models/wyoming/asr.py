@@ -42,7 +42,7 @@ class ASRSettings:
     connect_timeout_s: float = 3.0
     stall_timeout_s: float = 10.0  # a write the server does not take for this long
     transcript_timeout_s: float = 20.0  # audio-stop -> transcript
-    settle_s: float = 0.2  # unvoiced audio after new speech that makes a speculative final
+    settle_s: float = 0.1  # unvoiced audio after new speech that makes a speculative final (as local.yaml)
     min_speech_s: float = 0.09  # voiced audio that counts as "speech happened"
     language: str | None = "en"
 

@@ -40,7 +40,7 @@ class _ServerArgs(BaseModel):
 
 class ASRArgs(_ServerArgs):
     transcript_timeout_s: float = Field(20.0, gt=0)
-    settle_s: float = Field(0.2, gt=0)
+    settle_s: float = Field(0.1, gt=0)
     min_speech_s: float = Field(0.09, ge=0)
     language: str | None = "en"
 
