@@ -18,9 +18,9 @@ import pytest
 from duplex.audio import resample
 from duplex.config.pipeline import StageConfig
 from duplex.models.local import assets
-from duplex.models.wyoming.asr import ASRSettings, WyomingASR
-from duplex.models.wyoming.client import Endpoint, ServiceError, parse_url
-from duplex.models.wyoming.tts import TTSSettings, WyomingTTS
+from duplex.models.speech.asr import ASRSettings, WyomingASR
+from duplex.models.speech.client import Endpoint, ServiceError, parse_url
+from duplex.models.speech.tts import TTSSettings, WyomingTTS
 from duplex.runtime.contract import (
     AgentAudio,
     AgentText,
@@ -33,7 +33,7 @@ from duplex.runtime.contract import (
 from duplex.runtime.schedulers.stream import StreamScheduler
 from duplex_tools.speech_servers import WyomingServer, free_port, speech_available
 from tests.local_helpers import ORDER, caller_audio, chunks, silence, speak, wait_until, word_recall
-from tests.wyoming_fakes import FakeWyoming
+from tests.speech_fakes import FakeWyoming
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 REPLY = ["Sure,", " one", " large", " taro", " milk", " tea.", " Anything", " else?"]

@@ -27,7 +27,7 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeVoice
 
-from duplex.models.wyoming.client import Connection, Endpoint, ServiceError, chunk_samples
+from duplex.models.speech.client import Connection, Endpoint, ServiceError, chunk_samples
 from duplex.runtime.contract import AgentAudio, AgentText, PhraseSplitter, Request, TurnRequest, WorkItem
 
 log = logging.getLogger("duplex.wyoming")

@@ -33,7 +33,7 @@ from wyoming.asr import Transcribe
 from wyoming.asr import Transcript as WyomingTranscript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 
-from duplex.models.wyoming.client import Connection, Endpoint, ServiceError, pcm16
+from duplex.models.speech.client import Connection, Endpoint, ServiceError, pcm16
 from duplex.runtime.contract import SESSION_RATE, CallerAudio, Request, SessionEnd, Transcript, TurnRequest, WorkItem
 
 
@@ -75,9 +75,13 @@ class _Turn:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
 
 
-class WyomingASR:
-    def __init__(self, endpoint: Endpoint, settings: ASRSettings) -> None:
-        self.endpoint, self.settings = endpoint, settings
+class ServerASR:
+    """What every ASR that calls a server does (see the module's doc); a transport says how the
+    audio reaches its server: ``_transcribe`` (a whole clip, one request) and, where the
+    protocol streams, ``_start_stream`` / ``_stream`` / ``_finish_stream``."""
+
+    def __init__(self, settings: ASRSettings) -> None:
+        self.settings = settings
         self._streams = 0
         self.calls = 0  # transcripts asked of the server (benchmarks and tests read it)
 
@@ -107,7 +111,7 @@ class WyomingASR:
 
     async def _pump(self, inputs: AsyncIterator[WorkItem], out: asyncio.Queue) -> None:
         turn = _Turn()
-        stream: Connection | None = None
+        stream: Any = None
         speculative: asyncio.Task[None] | None = None
         ended: ServiceError | ValueError | None = None
         try:
@@ -124,18 +128,75 @@ class WyomingASR:
                 elif self._settled(turn):
                     if speculative is not None:
                         speculative.cancel()
-                    speculative = asyncio.create_task(self._speculate(turn, out))
+                    # said now, not when the task first runs: a later pause needs new speech past this one
+                    turn.covered, turn.interim = len(turn.voiced), None
+                    speculative = asyncio.create_task(self._speculate(turn, turn.whole(), out))
         except (ServiceError, ValueError) as exc:
             ended = exc
         finally:  # closed before anything is awaited: a cancel (the reader gone) may land at any await
             if stream is not None:
-                await self._close(stream)
+                await self._close_stream(stream)
             if speculative is not None:
                 speculative.cancel()
                 await asyncio.gather(speculative, return_exceptions=True)
         out.put_nowait(ended)  # None: the request's end
 
-    # -- the streamed connection ----------------------------------------------------------------
+    async def _final(self, turn: _Turn, stream: Connection | None, speculative: asyncio.Task[None] | None) -> str:
+        if turn.last_voiced < 0 or sum(turn.voiced) * turn.frame < self.settings.min_speech_s * SESSION_RATE:
+            return ""  # nothing was said (Whisper makes words up from silence)
+        if speculative is not None and turn.last_voiced < turn.covered:
+            await asyncio.gather(speculative, return_exceptions=True)  # it covers every voiced frame
+            if turn.interim is not None:
+                return turn.interim
+        if stream is not None:
+            try:
+                return await self._finish_stream(stream)
+            except ServiceError:
+                pass  # asked again below, on a new connection
+        return await self._transcribe(turn.whole())
+
+    # -- one-shot transcriptions ----------------------------------------------------------------
+    def _settled(self, turn: _Turn) -> bool:
+        """New speech since the interim, then ``settle_s`` of silence: a pause to transcribe."""
+        settle = math.ceil(self.settings.settle_s * SESSION_RATE / turn.frame)
+        new = turn.voiced[turn.covered:]
+        return len(new) >= settle and not any(new[-settle:]) and \
+            sum(new) * turn.frame >= self.settings.min_speech_s * SESSION_RATE
+
+    async def _speculate(self, turn: _Turn, audio: np.ndarray, out: asyncio.Queue) -> None:
+        try:
+            text = await self._transcribe(audio)
+        except ServiceError:
+            return  # a speculative final is a luxury: the end of the turn asks again
+        turn.interim = text
+        if text and not turn.finished:
+            out.put_nowait(Transcript(text, final=False))
+
+    # -- the transport (a server that only takes whole clips needs only ``_transcribe``) ------------
+    async def _start_stream(self) -> Any:
+        """The turn's streamed request, or None (then the final is one ``_transcribe``)."""
+        return None
+
+    async def _stream(self, stream: Any, pcm: bytes) -> Any:
+        return stream
+
+    async def _finish_stream(self, stream: Any) -> str:
+        raise ServiceError("this transport streams nothing")
+
+    async def _close_stream(self, stream: Any) -> None:
+        pass
+
+    async def _transcribe(self, audio: np.ndarray) -> str:
+        raise NotImplementedError
+
+
+class WyomingASR(ServerASR):
+    """Wyoming over TCP: the turn's audio streamed on one connection as it arrives."""
+
+    def __init__(self, endpoint: Endpoint, settings: ASRSettings) -> None:
+        super().__init__(settings)
+        self.endpoint = endpoint
+
     async def _start_stream(self) -> Connection | None:
         """The turn's streamed connection; None when the server cannot be reached now (the final
         is asked again at the end of the turn)."""
@@ -161,38 +222,12 @@ class WyomingASR:
             await self._close(stream)
             return None
 
-    async def _final(self, turn: _Turn, stream: Connection | None, speculative: asyncio.Task[None] | None) -> str:
-        if turn.last_voiced < 0 or sum(turn.voiced) * turn.frame < self.settings.min_speech_s * SESSION_RATE:
-            return ""  # nothing was said (Whisper makes words up from silence)
-        if speculative is not None and turn.last_voiced < turn.covered:
-            await asyncio.gather(speculative, return_exceptions=True)  # it covers every voiced frame
-            if turn.interim is not None:
-                return turn.interim
-        if stream is not None:
-            try:
-                await stream.send(AudioStop())
-                return await self._transcript(stream)
-            except ServiceError:
-                pass  # asked again below, on a new connection
-        return await self._transcribe(turn.whole())
+    async def _finish_stream(self, stream: Connection) -> str:
+        await stream.send(AudioStop())
+        return await self._transcript(stream)
 
-    # -- one-shot transcriptions ----------------------------------------------------------------
-    def _settled(self, turn: _Turn) -> bool:
-        """New speech since the interim, then ``settle_s`` of silence: a pause to transcribe."""
-        settle = math.ceil(self.settings.settle_s * SESSION_RATE / turn.frame)
-        new = turn.voiced[turn.covered:]
-        return len(new) >= settle and not any(new[-settle:]) and \
-            sum(new) * turn.frame >= self.settings.min_speech_s * SESSION_RATE
-
-    async def _speculate(self, turn: _Turn, out: asyncio.Queue) -> None:
-        turn.covered, turn.interim = len(turn.voiced), None  # a later pause needs new speech past this one
-        try:
-            text = await self._transcribe(turn.whole())
-        except ServiceError:
-            return  # a speculative final is a luxury: the end of the turn asks again
-        turn.interim = text
-        if text and not turn.finished:
-            out.put_nowait(Transcript(text, final=False))
+    async def _close_stream(self, stream: Connection) -> None:
+        await self._close(stream)
 
     async def _transcribe(self, audio: np.ndarray) -> str:
         connection = await self._open()

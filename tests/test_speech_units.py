@@ -12,7 +12,7 @@ import pytest
 
 from duplex.config import ConfigError
 from duplex.config.session import SessionConfig
-from duplex.models.wyoming.stages import build_asr, build_tts
+from duplex.models.speech.stages import build_asr, build_tts
 from duplex.runtime.contract import BuildContext
 from duplex.server.speech_flags import load_with_servers
 from duplex.session.protocol import apply_settings
@@ -43,14 +43,20 @@ def test_the_services_pipeline_only_gets_the_urls():
     assert stages["tts"].args["url"] == TTS and stages["tts"].args["clause_words"] == 4
 
 
-@pytest.mark.parametrize("url, words", [("http://127.0.0.1:8000/v1", "not supported yet"),
-                                        ("https://speech.example/v1", "not supported yet"),
-                                        ("127.0.0.1:10300", "expected tcp://HOST:PORT"),
-                                        ("tcp://127.0.0.1", "expected tcp://HOST:PORT")])
-def test_bad_urls_are_refused_naming_the_flag(url, words):
+@pytest.mark.parametrize("asr, tts, words", [(None, "http://127.0.0.1:8000/v1", "not supported yet"),
+                                              (None, "https://speech.example/v1", "not supported yet"),
+                                              ("127.0.0.1:10300", None, "expected tcp://HOST:PORT"),
+                                              ("tcp://127.0.0.1", None, "expected tcp://HOST:PORT")])
+def test_bad_urls_are_refused_naming_the_flag(asr, tts, words):
     with pytest.raises(ValueError, match=words) as refused:
-        load_with_servers("local", [], url, None)
-    assert "--asr" in str(refused.value)
+        load_with_servers("local", [], asr, tts)
+    assert ("--asr" if asr else "--tts") in str(refused.value)
+
+
+def test_an_http_asr_is_the_openai_compatible_stage():
+    stages = _stages(load_with_servers("local", ["--asr.args.model", "whisper-base"], "http://10.0.0.7:8000/v1", None))
+    assert stages["asr"].builder == "openai.asr"
+    assert stages["asr"].args == {"url": "http://10.0.0.7:8000/v1", "model": "whisper-base"}
 
 
 def test_a_pipeline_without_that_stage_is_named():

@@ -1,7 +1,8 @@
-"""A tiny real TCP server that speaks just enough Wyoming to misbehave on purpose (the error paths
-of the ``wyoming`` stages): each accepted connection gets the ``mode``'s answer. Every connection
-it accepted is counted and noticed when the client closes it (``open_connections``), so tests
-can check that nothing is left open."""
+"""Tiny real servers that misbehave on purpose (the error paths of the ``speech`` stages): a TCP
+server that speaks just enough Wyoming, each accepted connection getting the ``mode``'s answer
+(every connection it accepted is counted and noticed when the client closes it:
+``open_connections``, so tests can check that nothing is left open); and an HTTP server in place
+of an OpenAI-compatible ``/v1/audio/transcriptions``."""
 
 from __future__ import annotations
 
@@ -84,3 +85,48 @@ class FakeWyoming:
             with self._lock:
                 self._open.discard(conn)
             conn.close()
+
+
+class FakeTranscriptions:
+    """An OpenAI-compatible ``/v1/audio/transcriptions`` that misbehaves: ``stall`` (never
+    answers), ``garbage`` (200 with a body that is no transcription), ``status500`` (an error
+    with a message)."""
+
+    def __init__(self, mode: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        fake = self
+        self.mode = mode
+        self._release = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if fake.mode == "stall":
+                    fake._release.wait(60)
+                    return
+                status, body = (200, b"<html>not json</html>") if fake.mode == "garbage" else \
+                    (500, b'{"error": {"message": "the fake is broken"}}')
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeTranscriptions:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release.set()
+        self._server.shutdown()
+        self._server.server_close()
