@@ -46,7 +46,7 @@ def stack():
 def voices() -> dict[str, np.ndarray]:
     # made before any call: synthesis inside a test would stall the client's event loop
     return {"order": np.concatenate([speak(ORDER, rate=RATE), np.zeros(RATE, np.float32)]),
-            "stop": speak(INTERRUPTION, rate=RATE)}
+            "stop": speak(INTERRUPTION, rate=RATE), "wait": speak("Wait, stop.", rate=RATE)}
 
 
 async def _tts_streams(url: str) -> int:
@@ -87,6 +87,26 @@ async def test_a_spoken_order_is_answered_and_a_barge_in_closes_the_tts_stream(s
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_the_listening_barge_in_hears_the_overlap_through_the_asr_server(stack, voices):
+    """Barge-in in ``listen`` mode: the reply pauses, the overlap goes to the ASR server as an
+    ``OverlapProbe``, and its words decide. The sound alone may not decide here (interrupt_ms
+    longer than the overlap; words waited for up to 5 s: a hang guard, not a speed)."""
+    proc, _, _ = stack
+    async with WsCaller(proc.url) as caller:
+        await caller.conn.session.update(session={"type": "realtime", "barge_in": {
+            "mode": "listen", "interrupt_ms": 5000, "max_overlap_ms": 10000, "words_wait_ms": 5000}})
+        await caller.wait("session.updated")
+        caller.say(voices["order"])
+        response = (await caller.wait("response.created", timeout=60)).response
+        await _audio_of(caller, response.id, timeout=60)
+        caller.say(voices["wait"])
+        judged = await caller.wait("duplex.overlap.judged", timeout=30, response_id=response.id)
+        assert judged.kind == "interruption" and judged.decided_by == "words", judged
+        assert word_recall(judged.transcript, "Wait, stop.") == 1.0, judged  # its words (all or the first) were said
+        done = await caller.wait("response.done", timeout=30, after=caller.time_of(judged) - 1)
+        assert done.response.id == response.id and done.response.status == "cancelled", done
 
 
 async def _is(value, expected: int) -> bool:
