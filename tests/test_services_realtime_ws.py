@@ -38,7 +38,7 @@ def stack():
         args = ["--config", "services", "--asr", whisper.url, "--tts", piper.url, "--llm", engine.url("trickle"),
                 "--llm-model", "tiny", "--port", "0", "--max-sessions", "2"]
         with ServerProcess(args, ready_timeout=120) as proc:
-            yield proc, piper, engine
+            yield proc, piper, engine, whisper
         assert proc.stop() == 0, "".join(proc.output[-30:])
 
 
@@ -66,7 +66,7 @@ async def _audio_of(caller: WsCaller, response_id: str, timeout: float) -> None:
 
 
 async def test_a_spoken_order_is_answered_and_a_barge_in_closes_the_tts_stream(stack, voices):
-    proc, _, engine = stack
+    proc, _, engine, _ = stack
     async with WsCaller(proc.url) as caller:
         await caller.conn.session.update(session={"type": "realtime", "barge_in": {"mode": "onset"}})
         await caller.wait("session.updated")
@@ -93,7 +93,7 @@ async def test_the_listening_barge_in_hears_the_overlap_through_the_asr_server(s
     """Barge-in in ``listen`` mode: the reply pauses, the overlap goes to the ASR server as an
     ``OverlapProbe``, and its words decide. The sound alone may not decide here (interrupt_ms
     longer than the overlap; words waited for up to 5 s: a hang guard, not a speed)."""
-    proc, _, _ = stack
+    proc, _, _, _ = stack
     async with WsCaller(proc.url) as caller:
         await caller.conn.session.update(session={"type": "realtime", "barge_in": {
             "mode": "listen", "interrupt_ms": 5000, "max_overlap_ms": 10000, "words_wait_ms": 5000}})
@@ -121,7 +121,7 @@ async def _closed_since(url: str, caller: WsCaller, cut: float) -> bool:
 
 
 async def test_an_unknown_voice_is_an_error_naming_the_voices_offered(stack):
-    proc, _, _ = stack
+    proc, _, _, _ = stack
     async with WsCaller(proc.url, stream=False) as caller:
         await caller.conn.session.update(session={"type": "realtime", "audio": {"output": {"voice": "nobody"}}})
         updated = await caller.wait("session.updated")
@@ -135,7 +135,7 @@ async def test_an_unknown_voice_is_an_error_naming_the_voices_offered(stack):
 
 async def test_a_mix_local_asr_engine_thinker_and_a_tts_server(stack, voices):
     """``--config engine --tts tcp://...``: Whisper in process, the engine's thinker, Piper on its server."""
-    _, piper, engine = stack
+    _, piper, engine, _ = stack
     args = ["--config", "engine", "--tts", piper.url, "--llm", engine.url("ok"), "--llm-model", "tiny",
             "--port", "0", "--max-sessions", "1"]
     with ServerProcess(args, ready_timeout=300) as proc:
@@ -152,8 +152,24 @@ async def test_a_mix_local_asr_engine_thinker_and_a_tts_server(stack, voices):
     assert proc.stop() == 0, "".join(proc.output[-30:])
 
 
+async def test_an_asr_server_killed_mid_turn_is_an_error_and_the_next_turn_is_heard(stack, voices):
+    proc, _, _, whisper = stack
+    async with WsCaller(proc.url) as caller:
+        caller.say(voices["order"][: RATE])  # the first second of the order: the turn is open
+        await caller.wait("input_audio_buffer.speech_started", timeout=30)
+        await asyncio.to_thread(whisper.kill)
+        caller.say(voices["order"][RATE:])
+        error = await caller.wait("error", timeout=60)
+        assert whisper.url in error.error.message, error
+        await asyncio.to_thread(whisper.start)
+        sent = time.monotonic()
+        caller.say(voices["order"])
+        heard = await caller.wait("conversation.item.input_audio_transcription.completed", timeout=60, after=sent)
+        assert word_recall(ORDER, heard.transcript) >= 0.8, heard.transcript
+
+
 async def test_a_tts_server_killed_mid_reply_is_an_error_and_the_next_reply_is_voiced(stack):
-    proc, piper, _ = stack
+    proc, piper, _, _ = stack
     async with WsCaller(proc.url, stream=False) as caller:
         await caller.conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
             {"type": "input_text", "text": "Hello?"}]})
