@@ -168,6 +168,25 @@ async def test_an_abort_closes_the_tts_stream_at_once(piper):
         scheduler.stop()
 
 
+async def test_an_aborted_turn_closes_its_asr_connections():
+    """A turn aborted while its audio streams (the caller hung up, a barge-in): nothing stays open."""
+    with FakeWyoming("stall") as fake:
+        stage = StageConfig(name="asr", builder="wyoming.asr", scheduler="stream")
+        scheduler = StreamScheduler(stage, _asr(fake.url))
+        scheduler.start()
+        try:
+            request = TurnRequest(session_id="s8")
+            for piece in _speech("Hello there.", pause_s=0.3):  # a pause: a speculative connection too
+                scheduler.inbox.put(WorkItem("rb", "client", piece, False, request))
+            wait_until(lambda: fake.accepted >= 2, timeout=10, what="the streamed and the speculative connection")
+            scheduler.abort("rb")
+            wait_until(lambda: fake.open_connections == 0, timeout=5, what="the fake's connections closed")
+            wait_until(lambda: not scheduler.live_requests(), timeout=5, what="the request ended")
+            assert scheduler.resources()["open_streams"] == 0
+        finally:
+            scheduler.stop()
+
+
 # -- faults: a fake server that misbehaves -----------------------------------------------------
 @pytest.mark.parametrize("mode, words", [("stall", "stalled"), ("garbage", "not a Wyoming event"),
                                          ("rate", "cannot play"), ("hangup", "hung up|closed the connection")])
