@@ -36,7 +36,8 @@ def test_named_config_resolves_to_the_bundled_file_and_a_path_still_works(tmp_pa
     (tmp_path / "toy").mkdir()  # a folder of that name in the working directory does not shadow the name
     assert load_pipeline("toy").name == "toy"
     assert load_pipeline("mine.yaml").name == "mine"
-    with pytest.raises(ConfigError, match="bundled configs: engine, local, omni-real, omni-tiny, toy, toy-voice"):
+    bundled_names = "engine, local, omni-real, omni-tiny, services, toy, toy-voice"
+    with pytest.raises(ConfigError, match=f"bundled configs: {bundled_names}"):
         load_pipeline("no-such-pipeline")
 
 

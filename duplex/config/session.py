@@ -166,6 +166,9 @@ class SessionConfig(_Strict):
     call_tools: list[Literal["end_call", "send_dtmf", "transfer_call"]] = Field(default_factory=list, max_length=3)
     # keypad digits with gaps shorter than this reach the thinker as one group ("[the caller pressed 123#]")
     keypad_gap_ms: int = Field(1500, ge=100, le=10_000)
+    # the voice the TTS stage speaks in (session.update ``voice``); "": the stage's default. A TTS
+    # stage that calls a speech server checks it against the voices the server offers.
+    voice: str = Field("", max_length=128)
     # Send the pipeline a ``{"session_end": true}`` request at hang-up so stages that keep
     # per-session state (the local thinker's history and conversation KV) free it. Only for
     # pipelines whose stages know that request: others would answer it like a turn.

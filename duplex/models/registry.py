@@ -6,6 +6,7 @@ from __future__ import annotations
 from duplex.models.engine.stages import BUILDERS as ENGINE
 from duplex.models.local.stages import BUILDERS as LOCAL
 from duplex.models.qwen3_omni.stages import BUILDERS as QWEN3_OMNI
+from duplex.models.speech.stages import BUILDERS as SPEECH
 from duplex.models.toy.stages import BUILDERS as TOY
 from duplex.models.toy_voice.stages import BUILDERS as TOY_VOICE
 
@@ -15,4 +16,5 @@ BUILDERS = {
     **QWEN3_OMNI,
     **TOY,
     **TOY_VOICE,
+    **SPEECH,
 }

@@ -15,6 +15,7 @@ import to talk to the runtime.
   here, never from the scheduler modules.
 - ``RecentSessions`` and ``heard_part`` (``runtime/per_session.py``): for stages that keep
   per-session state (a bounded store; the words of an interrupted reply the caller heard).
+- ``PhraseSplitter`` (``runtime/phrases.py``): how a TTS stage cuts the streamed reply text.
 - ``Payload``: the base of every struct that crosses the relay typed. The contract items are
   payloads; a model family subclasses it for what passes between its own stages (tensors, codes,
   hidden states), and the codec decodes any subclass as itself.
@@ -34,6 +35,7 @@ import msgspec
 
 from duplex.audio import SESSION_RATE  # caller audio into the first stage (models read it here)
 from duplex.runtime.per_session import RecentSessions, heard_cut, heard_part  # noqa: F401 (re-exported for models)
+from duplex.runtime.phrases import PhraseSplitter  # noqa: F401 (re-exported for the TTS stages)
 
 if TYPE_CHECKING:
     from duplex.runtime.kv_cache import KVPrefix, SlotBatch, SlotKVCache  # noqa: F401 (see __getattr__)
@@ -184,6 +186,7 @@ class TurnRequest(msgspec.Struct, frozen=True, tag=True):
     # same history as a spoken turn.
     text: str | None = None
     output_audio: bool = True  # False: a text-only reply; stages that voice the reply skip it
+    voice: str = ""  # the voice to speak in (session.update ``voice``); "": the TTS stage's default
     options: dict[str, int | float | str | bool] = {}  # a family's own per-request knobs (benches)
     tools: list[ToolSpec] = []  # functions the model may call in this turn (session.update ``tools``)
     tool_choice: str = "auto"  # auto | none | required | the name of one of ``tools``

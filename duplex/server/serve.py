@@ -18,7 +18,7 @@ from duplex.config.session import SessionConfig
 from duplex.edge import door_args
 from duplex.edge.config import EdgeConfig
 from duplex.edge.plugin import load_factory
-from duplex.server import phone_edges
+from duplex.server import phone_edges, speech_flags
 from duplex.server.recording_policy import DEFAULT_NOTICE, RecordingPolicy
 from duplex.server.watch import WatchConfig
 
@@ -28,12 +28,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                           "and --door plug-in doors)")
     parser.add_argument("--config", default=None,
                         help="pipeline YAML, or a bundled config: local (default), engine (the default with --llm), "
-                             "toy-voice, omni-tiny, toy")
+                             "services (ASR, thinker and TTS all on servers), toy-voice, omni-tiny, toy")
     parser.add_argument("--llm", metavar="URL", default=None,
                         help="the thinker is this OpenAI-compatible engine (vLLM, SGLang, hosted), e.g. "
                              "http://127.0.0.1:8001/v1; sets the thinker stage's args.base_url (config: engine)")
     parser.add_argument("--llm-model", metavar="NAME", default=None,
                         help="the model name the engine serves (with --llm); API key: $DUPLEX_LLM_API_KEY")
+    speech_flags.add_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     parser.add_argument("--max-sessions", type=int, default=8)
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config, overrides = engine_overrides(args.config, args.llm, args.llm_model, overrides)
-        pipeline = load_pipeline(config, overrides)
+        pipeline = speech_flags.load_with_servers(config, overrides, args.asr, args.tts) \
+            if args.asr is not None or args.tts is not None else load_pipeline(config, overrides)
         edge = EdgeConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           ice_servers=args.ice_server, ice_loopback=args.ice_loopback,
                           media_workers=args.media_workers, media_stall_s=args.media_stall_s,

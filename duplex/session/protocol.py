@@ -44,7 +44,8 @@ def describe_session(session: VoiceSession, model: str) -> dict:
             **session.tools.describe(),
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": SESSION_RATE},
                                 "turn_detection": turn_detection},
-                      "output": {"format": {"type": "audio/pcm", "rate": session.playout.format.sample_rate}}}}
+                      "output": {"format": {"type": "audio/pcm", "rate": session.playout.format.sample_rate},
+                                 "voice": session.config.voice or None}}}
 
 
 def announce_session(session: VoiceSession, model: str) -> None:
@@ -61,6 +62,9 @@ def apply_settings(config: SessionConfig, settings: ev.SessionSettings) -> Sessi
     data = config.model_dump()
     if settings.instructions is not None:
         data["instructions"] = settings.instructions
+    voice = settings.audio.output.voice if settings.audio is not None and settings.audio.output is not None else None
+    if (voice := voice or settings.voice) is not None:
+        data["voice"] = voice  # checked by the TTS stage against the voices its engine offers
     if settings.preemptive_generation is not None:
         preempt = settings.preemptive_generation
         data["preemptive_generation"].update({k: v for k, v in (("enabled", preempt.enabled),

@@ -199,8 +199,8 @@ class VoiceSession:
         """A new turn's request; it carries what was heard of the reply it follows."""
         self._turn_count += 1
         heard, self._heard = self._heard, None
-        return self.tools.attach(TurnRequest(session_id=self.session_id, turn=self._turn_count,
-                                             instructions=self.config.instructions, heard=heard,
+        return self.tools.attach(TurnRequest(session_id=self.session_id, turn=self._turn_count, heard=heard,
+                                             instructions=self.config.instructions, voice=self.config.voice,
                                              output_audio=self.items.output_audio))
 
     def _stream_caller_audio(self, frame: np.ndarray, voiced: bool) -> None:

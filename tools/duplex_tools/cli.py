@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from duplex_tools.bench import admission, amd, barge_in, doors, load, pipeline, relay, soak, turn, turn_taking
+from duplex_tools.bench import (
+    admission,
+    amd,
+    barge_in,
+    doors,
+    load,
+    pipeline,
+    relay,
+    services,
+    soak,
+    turn,
+    turn_taking,
+)
 from duplex_tools.scenario import cli as scenario
 
 
@@ -21,6 +33,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     turn_taking.add_parser(bench)
     admission.add_parser(bench)
     amd.add_parser(bench)
+    services.add_parser(bench)
 
 
 def add_scenario(sub: argparse._SubParsersAction) -> None:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from duplex.config import load_pipeline
+from duplex.config.pipeline import PipelineConfig
 from duplex.config.session import SessionConfig
 from duplex.runtime.contract import SESSION_RATE
 from duplex.session.door import SimpleDoor
@@ -112,7 +113,8 @@ async def _one_turn(runtime, config: SessionConfig, mode: str, name: str, text: 
     return turn
 
 
-async def measure(args, overrides: list[str], progress: bool = True) -> dict:
+async def measure(args, overrides: list[str], progress: bool = True, pipeline: PipelineConfig | None = None) -> dict:
+    """``pipeline``: this config instead of ``args.config`` with the overrides (the services bench)."""
     from duplex.models.registry import BUILDERS
     from duplex.runtime.coordinator import Coordinator
     from duplex.server.metrics import ServerMetrics
@@ -121,7 +123,7 @@ async def measure(args, overrides: list[str], progress: bool = True) -> dict:
     from duplex_tools.bench.turn_pipeline import _utterance_audio
 
     utterances = _utterance_audio()
-    cfg = load_pipeline(args.config, overrides)
+    cfg = pipeline or load_pipeline(args.config, overrides)
     metrics_cost = getattr(args, "metrics_cost", False)
     # silence-ended turns (preemption is theirs), whatever the pipeline's sessions default to
     settings = {**cfg.session.model_dump(), "turn_detection": "server_vad"}

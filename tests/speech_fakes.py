@@ -1,0 +1,132 @@
+"""Tiny real servers that misbehave on purpose (the error paths of the ``speech`` stages): a TCP
+server that speaks just enough Wyoming, each accepted connection getting the ``mode``'s answer
+(every connection it accepted is counted and noticed when the client closes it:
+``open_connections``, so tests can check that nothing is left open); and an HTTP server in place
+of an OpenAI-compatible ``/v1/audio/transcriptions``."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+_AUDIO_START = {"type": "audio-start", "data": {"rate": 22050, "width": 2, "channels": 1}}
+
+
+def _event(kind: str, data: dict | None = None, payload: bytes = b"") -> bytes:
+    header: dict = {"type": kind, "version": "1.0.0"}
+    body = json.dumps(data).encode() if data else b""
+    if body:
+        header["data_length"] = len(body)
+    if payload:
+        header["payload_length"] = len(payload)
+    return json.dumps(header).encode() + b"\n" + body + payload
+
+
+class FakeWyoming:
+    """Modes: ``stall`` (reads, never answers), ``garbage`` (answers with bytes that are no event),
+    ``rate`` (audio at 1 MHz), ``hangup`` (closes the connection after the first line)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.accepted = 0
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def __enter__(self) -> FakeWyoming:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sock.close()
+        with self._lock:
+            for conn in self._open:
+                conn.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.accepted += 1
+                self._open.add(conn)
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        try:
+            reader = conn.makefile("rb")
+            reader.readline()  # the first event's header (describe, transcribe, synthesize)
+            if self.mode == "garbage":
+                conn.sendall(b"\x00\xffthis is not json at all\n")
+            elif self.mode == "rate":
+                pcm = b"\x00\x01" * 512
+                conn.sendall(_event("audio-start", {"rate": 1_000_000, "width": 2, "channels": 1})
+                             + _event("audio-chunk", {"rate": 1_000_000, "width": 2, "channels": 1}, pcm))
+            elif self.mode == "hangup":
+                return
+            while reader.read(4096):  # stall (and the others): take what comes until the client hangs up
+                pass
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._open.discard(conn)
+            conn.close()
+
+
+class FakeTranscriptions:
+    """An OpenAI-compatible ``/v1/audio/transcriptions`` that misbehaves: ``stall`` (never
+    answers), ``garbage`` (200 with a body that is no transcription), ``status500`` (an error
+    with a message)."""
+
+    def __init__(self, mode: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        fake = self
+        self.mode = mode
+        self._release = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if fake.mode == "stall":
+                    fake._release.wait(60)
+                    return
+                status, body = (200, b"<html>not json</html>") if fake.mode == "garbage" else \
+                    (500, b'{"error": {"message": "the fake is broken"}}')
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeTranscriptions:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release.set()
+        self._server.shutdown()
+        self._server.server_close()
