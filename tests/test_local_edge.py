@@ -30,10 +30,13 @@ SILENCE_TURNS = {"turn_detection": {"type": "server_vad"}}  # the pipeline's ses
 @pytest.fixture(scope="module")
 def server():
     assets.prepare_all()  # the server would do it too, but inside its start-up time
-    # Every reply is exactly max_new_tokens long (48 tokens, ~12 s of speech; the thinker writes it
-    # in a few seconds): an interruption 0.1 s into the first phrase lands mid-reply whatever the
-    # model would have said, so the barge-in test does not depend on the model's reply length.
-    args = ["--port", "0", "--ice-loopback", "--max-sessions", "2", "--thinker.args.min_new_tokens", "48"]
+    # Every reply is exactly max_new_tokens long (48 tokens, ~12 s of speech) and written at no more
+    # than one token per 150 ms (7.2 s, still ahead of its playout) on any CPU: an interruption
+    # 0.1 s into the first phrase of a silence-ended turn (speculation 300 ms before the turn ends,
+    # the first phrase ~10 tokens, the cut 600 ms of voice later: ~2.5 s) lands while the thinker
+    # still writes, whatever the model would have said and however fast the machine is.
+    args = ["--port", "0", "--ice-loopback", "--max-sessions", "2", "--thinker.args.min_new_tokens", "48",
+            "--thinker.args.min_step_ms", "150"]
     with ServerProcess(args, ready_timeout=300) as proc:
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
@@ -117,9 +120,9 @@ async def test_barge_in_frees_the_thinker(server, question_and_interruption):
     question, interruption = question_and_interruption
     aborted_before = (await _stats(server.url))["stages"]["thinker"]["counters"]["aborted"]
     client = RealtimeClient(server.url)
-    await client.connect()
+    await client.connect(session=SILENCE_TURNS)  # a judged pause would hold the answer up to 2 s
     try:
-        # The reply is forced long (the server fixture): the thinker is still writing it when its
+        # The reply is forced long and slow (the server fixture): the thinker is still writing it when its
         # first phrase starts to play and the caller talks over it.
         created = await ask(client, question, timeout=60)
         response_id = created["response"]["id"]

@@ -140,11 +140,11 @@ async def test_digits_are_refused_when_the_peer_offered_no_telephone_event(serve
     await _end(srv, peer, phone)
 
 
-async def test_the_agent_ends_the_call_with_a_bye_and_transfer_is_refused(server):
-    srv = await server()
+async def test_the_agent_ends_the_call_with_a_bye_and_a_transfer_nowhere_allowed_is_refused(server):
+    srv = await server()  # no sip.outbound.allow: the server sends calls nowhere, transfers included
     peer, phone, _ = await _call(srv)
     control = ControlledAgent.made[0].control
-    with pytest.raises(CallControlRefused, match="transfer is not available"):
+    with pytest.raises(CallControlRefused, match="no target is allowed"):
         await control.transfer("sip:desk@127.0.0.1")
     control.end("the agent ended the call")
     bye = await peer.next(method="BYE")

@@ -30,6 +30,7 @@ worker. ``plan`` fixes each row's positions without reading earlier results (loo
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -55,6 +56,9 @@ from duplex.runtime.contract import (
 class ThinkerSettings:
     max_new_tokens: int = 48
     min_new_tokens: int = 0  # stop tokens and line breaks do not end a reply before this many (tests)
+    # a decode step takes at least this long (tests: a reply is written at a known pace on any
+    # CPU, so "the caller talks while the thinker still writes" does not depend on the machine)
+    min_step_ms: float = 0.0
     history_budget: int = 640  # tokens of persona + history + user line
     temperature: float = 0.0  # 0: greedy
     top_k: int = 40
@@ -277,6 +281,13 @@ class GemmaThinker:
 
     # -- worker thread -------------------------------------------------------------------------
     def compute(self, plan: _Plan) -> dict[int, int]:
+        began = time.monotonic()
+        sampled = self._compute(plan)
+        if plan.decode and self.settings.min_step_ms > 0:
+            time.sleep(max(0.0, began + self.settings.min_step_ms / 1000 - time.monotonic()))
+        return sampled
+
+    def _compute(self, plan: _Plan) -> dict[int, int]:
         sampled: dict[int, int] = {}
         for job in plan.warm:
             self.model.cache.copy_prefix(job.slot, job.reused)
