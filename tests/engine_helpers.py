@@ -17,6 +17,7 @@ from typing import Any
 from duplex.runtime.contract import Transcript, TurnRequest, WorkItem
 
 REPLY = ["Sure,", " one", " taro", " tea."]
+TRANSFER_TARGET = "sip:desk@127.0.0.1:5099"
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -151,6 +152,15 @@ class TinyEngine:
                                 "function": {"name": "end_call", "arguments": "{}"}}]}
         self._send(handler, [chunk({"content": "Thanks for calling,"}), chunk({"content": " goodbye."}), chunk(call),
                              chunk({}, "tool_calls"), b"data: [DONE]\n\n"])
+
+    def _transfer(self, handler: BaseHTTPRequestHandler) -> None:
+        """A model that says it puts the caller through and calls ``transfer_call`` (a call tool)."""
+        self._start_stream(handler)
+        arguments = json.dumps({"target": TRANSFER_TARGET})
+        call = {"tool_calls": [{"index": 0, "id": "call_desk", "type": "function",
+                                "function": {"name": "transfer_call", "arguments": arguments}}]}
+        self._send(handler, [chunk({"content": "Let me put you through"}), chunk({"content": " to the desk."}),
+                             chunk(call), chunk({}, "tool_calls"), b"data: [DONE]\n\n"])
 
     def _orders(self, handler: BaseHTTPRequestHandler) -> None:
         """The shop's order system (a server-side tool's URL)."""

@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sip-ack-timeout-s", type=float, default=4.0,
                        help="an answered INVITE not ACKed by then is dropped (default 4)")
     group.add_argument("--sip-outbound-allow", metavar="PATTERN", action="append", default=[],
-                       help="targets POST /v1/calls/outbound may call: shell-style patterns on the SIP URI, "
-                            "e.g. 'sip:*@10.0.0.7:5060' (repeatable; default: none, no outbound calls)")
+                       help="targets placed calls (POST /v1/calls/outbound) and transfers may reach: shell-style "
+                            "patterns on the SIP URI, e.g. 'sip:*@10.0.0.7:5060' (repeatable; default: none, "
+                            "no outbound calls and no transfers)")
     group.add_argument("--sip-trunk", metavar="HOST:PORT",
                        help="send placed calls' INVITEs here (an outbound proxy / SIP trunk)")
     group.add_argument("--sip-trunk-user", metavar="USER:PASSWORD",
