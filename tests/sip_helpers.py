@@ -104,7 +104,9 @@ class SipPeer:
         self.send(invite)
         while True:
             message = await self.next(timeout=10)
-            if isinstance(message, SipResponse) and message.status >= 200:
+            # a retransmitted 200 of an earlier INVITE (its ACK still in flight) is not this answer
+            if isinstance(message, SipResponse) and message.status >= 200 \
+                    and message.get("CSeq") == invite.get("CSeq"):
                 return invite, message
 
     def ack(self, invite: SipRequest, final: SipResponse, body: bytes = b"") -> None:

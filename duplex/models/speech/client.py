@@ -66,8 +66,8 @@ class Connection:
     async def open(cls, endpoint: Endpoint, connect_timeout_s: float, stall_timeout_s: float) -> Connection:
         where = f"{endpoint.what} at {endpoint.url}"
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(endpoint.host, endpoint.port, limit=MAX_LINE), connect_timeout_s)
+            async with asyncio.timeout(connect_timeout_s):
+                reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port, limit=MAX_LINE)
         except ConnectionRefusedError:
             raise ServiceError(f"{where} refused the connection (is it running?)") from None
         except TimeoutError:
@@ -83,7 +83,8 @@ class Connection:
     async def send(self, message: Eventable | Event) -> None:
         event = message if isinstance(message, Event) else message.event()
         try:
-            await asyncio.wait_for(async_write_event(event, self._writer), self.stall_timeout_s)
+            async with asyncio.timeout(self.stall_timeout_s):
+                await async_write_event(event, self._writer)
         except TimeoutError:
             raise ServiceError(f"{self.where} took no data for {self.stall_timeout_s:g} s") from None
         except (ConnectionError, OSError) as exc:
@@ -93,7 +94,10 @@ class Connection:
         """The next event; an ``error`` event from the server is raised as a ``ServiceError``."""
         wait = self.stall_timeout_s if timeout_s is None else timeout_s
         try:
-            event = await asyncio.wait_for(self._read(), wait)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel (a barge-in's
+            # abort) that lands as the read completes, and the stream would play on to its end
+            async with asyncio.timeout(wait):
+                event = await self._read()
         except TimeoutError:
             raise ServiceError(f"{self.where} sent nothing for {wait:g} s (stalled)") from None
         except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
@@ -129,7 +133,8 @@ class Connection:
         self.closed = True
         self._writer.close()
         try:
-            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+            async with asyncio.timeout(1.0):
+                await self._writer.wait_closed()
         except (TimeoutError, ConnectionError, OSError):
             pass  # closed on our side either way
 
