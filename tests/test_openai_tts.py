@@ -24,7 +24,7 @@ from duplex.models.speech.openai_tts import OpenAITTS, SpeechFormat
 from duplex.models.speech.phrasing import TTSSettings
 from duplex.runtime.contract import AgentAudio, AgentText, TurnRequest, WorkItem
 from duplex.runtime.schedulers.stream import StreamScheduler
-from duplex_tools.harness import ServerProcess
+from duplex_tools.harness import ServerProcess, server_stats
 from duplex_tools.speech_servers import STUDIO_KEY, WyomingServer, free_port, speech_available
 from duplex_tools.ws_client import RATE, WsCaller
 from tests.engine_helpers import TinyEngine
@@ -182,8 +182,13 @@ async def test_serve_with_an_openai_tts_server(studio, monkeypatch):
             ready_timeout=300) as proc:
         async with WsCaller(proc.url) as caller:
             caller.say(order)
+            heard = await caller.wait("conversation.item.input_audio_transcription.completed", timeout=60)
             response = (await caller.wait("response.created", timeout=60)).response
-            await caller.wait("response.output_audio.delta", timeout=60, response_id=response.id)
+            done = await caller.wait("response.done", timeout=60, after=caller.time_of(heard))
+            assert done.response.status == "completed", done
+            assert len(caller.audio_of(response.id)) > RATE // 2, "less than half a second of reply audio"
+        stats = await asyncio.to_thread(server_stats, proc.url)
+        assert stats["stages"]["tts"]["resources"]["open_streams"] == 0
         assert proc.stop() == 0, "".join(proc.output[-30:])
 
 
