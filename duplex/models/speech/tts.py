@@ -20,35 +20,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeVoice
 
+from duplex.models.speech import phrasing
 from duplex.models.speech.client import Connection, Endpoint, ServiceError, chunk_samples
-from duplex.runtime.contract import AgentAudio, AgentText, PhraseSplitter, Request, TurnRequest, WorkItem
+from duplex.models.speech.phrasing import Start, TTSSettings
+from duplex.runtime.contract import AgentAudio, Request, TurnRequest, WorkItem
+
+__all__ = ["TTSSettings", "WyomingTTS"]
 
 log = logging.getLogger("duplex.wyoming")
 _LISTED = 256  # voices named in an unknown-voice error (Piper offers its whole catalog: 174)
-
-
-@dataclass(frozen=True)
-class TTSSettings:
-    connect_timeout_s: float = 3.0
-    stall_timeout_s: float = 10.0  # no event from the server for this long, while audio is owed
-    first_clause_words: int = 1
-    clause_words: int = 4
-
-
-@dataclass
-class _Start:
-    """The reply's first cut phrases, the splitter holding the rest, and whether the text ended."""
-
-    phrases: list[str]
-    splitter: PhraseSplitter
-    ended: bool
 
 
 class WyomingTTS:
@@ -71,7 +57,7 @@ class WyomingTTS:
         connection: Connection | None = None
         sender: asyncio.Task[None] | None = None
         try:
-            start = await self._first_phrase(inputs)
+            start = await phrasing.first_phrase(self.settings, inputs)
             if start is None:
                 return  # the reply had nothing speakable
             connection = await self._open()
@@ -94,21 +80,7 @@ class WyomingTTS:
         self._streams += 1
         return connection
 
-    def _splitter(self) -> PhraseSplitter:
-        return PhraseSplitter(first_clause_words=self.settings.first_clause_words,
-                              clause_words=self.settings.clause_words)
-
-    async def _first_phrase(self, inputs: AsyncIterator[WorkItem]) -> _Start | None:
-        """Read the text until the first phrase is cut (no connection is opened for a reply with
-        nothing to say)."""
-        splitter = self._splitter()
-        async for item in inputs:
-            cut = _phrases(splitter, item)
-            if cut:
-                return _Start(cut, splitter, item.eos)
-        return None
-
-    async def _send(self, connection: Connection, voice: str, start: _Start, inputs: AsyncIterator[WorkItem],
+    async def _send(self, connection: Connection, voice: str, start: Start, inputs: AsyncIterator[WorkItem],
                     phrases: asyncio.Queue[str | None]) -> None:
         """Send each phrase as it is cut, in order, telling the reader; then the end marker (None)."""
         wanted = SynthesizeVoice(name=voice) if voice else None
@@ -117,7 +89,7 @@ class WyomingTTS:
             phrases.put_nowait(text)
         if not start.ended:
             async for item in inputs:
-                for text in _phrases(start.splitter, item):
+                for text in phrasing.phrases(start.splitter, item):
                     await connection.send(Synthesize(text=text, voice=wanted))
                     phrases.put_nowait(text)
         phrases.put_nowait(None)
@@ -127,7 +99,7 @@ class WyomingTTS:
         """Each phrase's audio, in order, as the server streams it."""
         voiced_any = False
         while True:
-            phrase = await _next_phrase(phrases, sender)
+            phrase = await phrasing.next_phrase(phrases, sender)
             if phrase is None:
                 return
             text = phrase if not voiced_any else " " + phrase
@@ -177,21 +149,3 @@ class WyomingTTS:
         installed = [voice.name for voice in voices if voice.installed]
         return tuple(installed + [voice.name for voice in voices if not voice.installed])
 
-
-def _phrases(splitter: PhraseSplitter, item: WorkItem) -> list[str]:
-    cut = splitter.push(item.data.text) if isinstance(item.data, AgentText) else []
-    return cut + splitter.flush() if item.eos else cut
-
-
-async def _next_phrase(phrases: asyncio.Queue[str | None], sender: asyncio.Task[None]) -> str | None:
-    """The next phrase sent, or None at the end; a sender that failed raises its error here."""
-    getter = asyncio.ensure_future(phrases.get())
-    try:
-        await asyncio.wait({getter, sender}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not getter.done():
-            getter.cancel()
-    if getter.done() and not getter.cancelled():
-        return getter.result()
-    sender.result()  # raises the sender's error
-    return await phrases.get()  # the sender ended: its end marker is queued
