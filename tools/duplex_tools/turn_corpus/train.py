@@ -62,9 +62,11 @@ def pick_hold(sound: LinearModel, rows: list[tuple[np.ndarray, str]]) -> float:
 def train(examples: Examples) -> TurnModels:
     overlap = fit(examples.overlap, OVERLAP_FEATURES)
     pause = fit(examples.pause, PAUSE_FEATURES)
+    complete_at = pick_threshold(pause, examples.pause)
+    if not examples.sound:  # no overlap was read at interrupt_ms: the sound's time decides alone
+        return TurnModels(overlap, pause, complete_at)
     sound = fit(_floor_or_other(examples.sound), SOUND_FEATURES)
-    hold_at = pick_hold(sound, _floor_or_other(examples.first_sound))
-    return TurnModels(overlap, pause, pick_threshold(pause, examples.pause), sound, hold_at)
+    return TurnModels(overlap, pause, complete_at, sound, pick_hold(sound, _floor_or_other(examples.first_sound)))
 
 
 def _floor_or_other(rows: list[tuple[np.ndarray, str]]) -> list[tuple[np.ndarray, str]]:
