@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from duplex.session.overlap_sound import SOUND_FEATURES
 from duplex.session.turn_model import OVERLAP_FEATURES, PAUSE_FEATURES, TurnModels
 from duplex_tools.turn_corpus import spec
 from duplex_tools.turn_corpus.evaluate import Examples
 from duplex_tools.turn_corpus.render import render
-from duplex_tools.turn_corpus.train import train, write
+from duplex_tools.turn_corpus.train import HOLD_BUDGET, train, write
 
 ESPEAK = next(s for s in spec.speakers_of("espeak") if s.shift_cents)  # sox shifts its pitch too
 
@@ -59,6 +60,10 @@ def _examples(seed: int) -> Examples:
         examples.overlap += [(rng.normal(shift, 1.0, len(OVERLAP_FEATURES)), label) for _ in range(40)]
     for label, shift in (("complete", 1.0), ("open", -1.0)):
         examples.pause += [(rng.normal(shift, 1.0, len(PAUSE_FEATURES)), label) for _ in range(40)]
+    for label, shift in (("backchannel", -1.0), ("interruption", 1.0), ("noise", -2.0)):
+        rows = [(rng.normal(shift, 1.0, len(SOUND_FEATURES)), label) for _ in range(40)]
+        examples.sound += rows
+        examples.first_sound += rows[::4]
     return examples
 
 
@@ -71,6 +76,14 @@ def test_training_is_deterministic_and_the_file_loads_back(tmp_path: Path):
     models = TurnModels.load(tmp_path / "a.json")
     assert models.overlap.classes == ("backchannel", "interruption", "noise")
     assert 0.5 <= models.complete_at < 1
+    assert models.sound is not None and models.sound.classes == ("interruption", "other")
+    # the hold is set where at most HOLD_BUDGET of the interruptions' first readings are held
+    firsts = [x for x, label in _examples(7).first_sound if label == "interruption"]
+    held = sum(models.sound.probabilities(x)["other"] >= models.hold_at for x in firsts)
+    assert 0.5 <= models.hold_at <= 1 and held <= HOLD_BUDGET * len(firsts)
+    without = _examples(7)
+    without.sound, without.first_sound = [], []  # no overlap read at interrupt_ms: no sound model
+    assert train(without).sound is None
     data = json.loads((tmp_path / "a.json").read_text())
     data["pause"]["features"] = data["pause"]["features"][:-1]
     (tmp_path / "bad.json").write_text(json.dumps(data))

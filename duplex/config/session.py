@@ -92,12 +92,28 @@ class BargeInConfig(_Strict):
     # and lines (duplex/session/turn_model.json: the words with the sound's voicing, periodicity and
     # level); ``rules``, the word lists (words.BACKCHANNELS, FLOOR_WORDS) and min_words
     judge: Literal["rules", "learned"] = "rules"
+    # what the sound alone decides when its time would interrupt (interrupt_ms voiced, or
+    # max_overlap_ms), where the words are coming: ``voiced``, it interrupts; ``learned``, the
+    # learned reading of the sound so far (duplex/session/turn_model.json: its bursts, pitch,
+    # flatness, level, how its level repeats) holds one it hears as a backchannel or a noise for
+    # its words, which then decide; read again as a caller taking the floor, or at max_held_ms, it
+    # interrupts
+    sound: Literal["voiced", "learned"] = "voiced"
+    # the longest a sound held for its words pauses the reply; default: twice max_overlap_ms
+    max_held_ms: int | None = Field(None, ge=100, le=20_000)
 
     @model_validator(mode="after")
     def _check(self) -> BargeInConfig:
         if self.max_overlap_ms < self.interrupt_ms:
             raise ValueError("barge_in.max_overlap_ms must be >= barge_in.interrupt_ms")
+        if self.max_held_ms is not None and self.max_held_ms < self.max_overlap_ms:
+            raise ValueError("barge_in.max_held_ms must be >= barge_in.max_overlap_ms")
         return self
+
+    @property
+    def held_limit_ms(self) -> int:
+        """The longest a sound held for its words pauses the reply."""
+        return 2 * self.max_overlap_ms if self.max_held_ms is None else self.max_held_ms
 
 
 Eagerness = Literal["low", "medium", "high", "auto"]

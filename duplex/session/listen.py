@@ -23,7 +23,7 @@ from duplex.session.playout import AudioClear, Playout
 from duplex.session.port import VoiceRuntime
 from duplex.session.response import Response
 from duplex.session.turn_audio import TurnAudio
-from duplex.session.turn_model import read_overlap
+from duplex.session.turn_model import read_overlap, read_sound
 from duplex.session.turns import TurnDetector
 
 
@@ -67,7 +67,8 @@ class BargeInListener:
     def __init__(self, host: ListenHost, runtime: VoiceRuntime, session_id: str,
                  spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         self._host = host
-        self._listening: Listening[Response] = Listening(self._hear)  # a reply paused at an onset (overlap.py)
+        # a reply paused at an onset (overlap.py)
+        self._listening: Listening[Response] = Listening(self._hear, self._sound_holds)
         self.ears = OverlapEars(runtime, session_id, spawn, self._on_words,
                                 lambda: self._settle_if(self._listening.words_lost()))
 
@@ -150,6 +151,14 @@ class BargeInListener:
         if self._host.config.barge_in.judge != "learned":
             return None
         return read_overlap(self._host.audio.frames(), text, voiced_ms)
+
+    def _sound_holds(self) -> bool:
+        """``barge_in.sound: learned``: whether the overlap's sound so far (its frames from the
+        onset's prefix on), at ``interrupt_ms`` voiced, is heard as a backchannel or a noise and
+        held for its words; False: the voiced time interrupts."""
+        if self._host.config.barge_in.sound != "learned":
+            return False
+        return read_sound(self._host.audio.frames())
 
     def _on_words(self, transcript: Transcript) -> None:
         self._settle_if(self._listening.heard(transcript.text, transcript.final))

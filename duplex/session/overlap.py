@@ -36,6 +36,17 @@ shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed 
 - words the sound could not have said (``overlap_words.credible``: Whisper's sentences made up
   from a cough) are no words.
 
+The sound's time alone also cuts doubled backchannels ("mm-hmm, mm-hmm", "yeah yeah") and long
+noises (a keyboard, a laugh, music) at ``interrupt_ms`` or ``max_overlap_ms``, before any word of
+them is heard. With ``barge_in.sound: learned``, where the words are coming, the judge asks the
+learned reading of the sound so far (``turn_model.read_sound``: its bursts, pitch, flatness, level
+and how its level contour repeats) whenever one of those two would interrupt: a sound it hears as a
+backchannel or a noise is held for its words instead (the verdict says ``held``). A held sound is
+read again every ``RECHECK_MS``; read then as a caller taking the floor, it interrupts. Otherwise
+it interrupts by its words, or when the overlap lasts ``max_held_ms`` (twice
+``max_overlap_ms`` unless set); when it ends it is judged
+as any sound that ended.
+
 Sessions that want every onset to interrupt set ``barge_in.mode: onset``: nothing pauses, and
 the onset is an interruption decided by its sound the moment it is recognised (``at_onset``).
 """
@@ -52,6 +63,7 @@ from duplex.session.overlap_words import Said, credible, spoken_words, what_word
 from duplex.session.states import LISTEN_TRANSITIONS, ListenPhase, StateMachine
 
 R = TypeVar("R")
+RECHECK_MS = 200  # a sound held for its words is read again this much later (a syllable or two)
 
 
 class OverlapKind(str, enum.Enum):
@@ -69,6 +81,7 @@ class OverlapVerdict:
     sound_end_ms: int  # stream time just after its last voiced frame
     words: str | None = None  # the transcript that decided it; None: decided by the sound
     at_onset: bool = False  # decided when the onset was recognised (``barge_in.mode: onset``); nothing was paused
+    held: bool = False  # from ``interrupt_ms`` on the sound was heard as no interruption and held for its words
 
     @property
     def interrupts(self) -> bool:
@@ -97,6 +110,25 @@ class OverlapJudge:
         self._end_ms = now_ms
         self._sound_end_ms = now_ms
         self._unvoiced_run_ms = 0
+        self._sound_reading: Callable[[], bool] | None = None
+        self._read_span_ms: int | None = None  # the span at the last reading of the sound
+        self._holding = False  # the last reading held the sound for its words
+        self.held = False  # a reading held it
+
+    def hold_for_words(self, reading: Callable[[], bool] | None) -> None:
+        """``reading`` (where the words are coming): asked, when the sound's time would
+        interrupt (and every ``RECHECK_MS`` after while it holds), whether the sound so far is a
+        backchannel or a noise; True holds it for its words."""
+        self._sound_reading = reading
+
+    def _held_by_sound(self) -> bool:
+        if self._sound_reading is None:
+            return False
+        if self._read_span_ms is None or self.span_ms >= self._read_span_ms + RECHECK_MS:
+            self._holding = bool(self._sound_reading())
+            self.held = self.held or self._holding
+            self._read_span_ms = self.span_ms
+        return self._holding
 
     def continues(self, previous: OverlapVerdict | None) -> None:
         """This sound follows ``previous`` (a backchannel or noise verdict of the same reply):
@@ -127,12 +159,14 @@ class OverlapJudge:
         else:
             self._unvoiced_run_ms += frame_ms
         cfg = self.config
-        if self.voiced_ms >= cfg.interrupt_ms:
+        if self.voiced_ms >= cfg.interrupt_ms and not self._held_by_sound():
             return self._verdict(OverlapKind.INTERRUPTION)
         # a sound that has ended is judged so however long ago it began (its words may be awaited)
         if self._unvoiced_run_ms >= self.resume_ms:
             return self._verdict(self.sound_kind())
-        if self.span_ms >= cfg.max_overlap_ms:
+        if self.span_ms >= cfg.max_overlap_ms and not self._held_by_sound():
+            return self._verdict(OverlapKind.INTERRUPTION)
+        if self.span_ms >= cfg.held_limit_ms:  # held for its words no longer
             return self._verdict(OverlapKind.INTERRUPTION)
         return None
 
@@ -145,7 +179,8 @@ class OverlapJudge:
         return self._verdict(kind)
 
     def _verdict(self, kind: OverlapKind) -> OverlapVerdict:
-        return OverlapVerdict(kind, self.onset_ms, self.voiced_ms, self.span_ms, self._sound_end_ms)
+        return OverlapVerdict(kind, self.onset_ms, self.voiced_ms, self.span_ms, self._sound_end_ms,
+                              held=self.held)
 
 
 class Listening(Generic[R]):
@@ -153,11 +188,15 @@ class Listening(Generic[R]):
     words heard of it (when they are coming), and the last sound a reply played on through (which
     a sound soon after continues)."""
 
-    def __init__(self, hearing: Callable[[str, int], Said | None] | None = None) -> None:
+    def __init__(self, hearing: Callable[[str, int], Said | None] | None = None,
+                 sound: Callable[[], bool] | None = None) -> None:
         """``hearing``: what an overlap's words (and the sound they came with) say, read by the
         learned decision (``turn_model``): given the transcript and the voiced ms; None from it,
-        or no ``hearing``: the word lists' reading (``overlap_words``)."""
+        or no ``hearing``: the word lists' reading (``overlap_words``). ``sound``: the reading
+        of the sound so far at ``interrupt_ms`` (True: a backchannel or a noise, held for the
+        words; asked only where the words are coming)."""
         self._hearing = hearing
+        self._sound = sound
         self._machine = StateMachine("listening", ListenPhase.IDLE, LISTEN_TRANSITIONS)
         self.judge: OverlapJudge | None = None  # set while not idle
         self.reply: R | None = None  # ... and the reply paused
@@ -203,6 +242,7 @@ class Listening(Generic[R]):
         """``words``: the overlap's audio is being transcribed; ``heard`` will tell its words."""
         if self._last is not None and self._last[1] is reply:
             judge.continues(self._last[0])
+        judge.hold_for_words(self._sound if words else None)
         self._machine.move(ListenPhase.JUDGING)
         self.judge, self.reply = judge, reply
         self._words_coming, self._final, self._held = words, None, None

@@ -1,12 +1,14 @@
-"""Learned turn-taking decisions: a small linear model (weights in one JSON file, applied with
-numpy) of what an overlap is (backchannel / interruption / noise) once its words are heard, and of
-whether a pause ends a complete turn. Trained from a synthetic corpus of many voices, rooms and
-lines by ``duplex bench turn-taking --train`` (tools/duplex_tools/turn_corpus); the default server
-needs nothing but numpy to apply it.
+"""Learned turn-taking decisions: small linear models (weights in one JSON file, applied with
+numpy) of what an overlap is (backchannel / interruption / noise) once its words are heard, of
+whether an overlap's sound alone is a caller taking the floor (read when its time would
+interrupt: ``barge_in.sound: learned``), and of whether a pause ends a complete turn. Trained
+from a synthetic corpus of many voices, rooms and lines by ``duplex bench turn-taking --train``
+(tools/duplex_tools/turn_corpus); the default server needs nothing but numpy to apply them.
 
-Its inputs are what the session has at the decision: the sound since the overlap's onset (per
-frame: level, periodicity, the VAD's verdict: ``SoundTrace``), the ASR's words, and for a pause
-Smart Turn's probability and the turn's words. The word lists read are ``words.py``'s."""
+Their inputs are what the session has at the decision: the sound since the overlap's onset (per
+frame: level, periodicity, pitch, flatness, the VAD's verdict: ``overlap_sound.SoundTrace``), the
+ASR's words, and for a pause Smart Turn's probability and the turn's words. The word lists read
+are ``words.py``'s."""
 
 from __future__ import annotations
 
@@ -18,57 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
+from duplex.session.overlap_sound import SOUND_FEATURES, SoundTrace, periodicity, sound_features
 from duplex.session.overlap_words import MS_PER_WORD, Said, is_backchannel, spoken_words
 from duplex.session.words import BACKCHANNELS, FLOOR_WORDS, HANGING_WORDS, NEVER_LAST, asks, closes
 
 OVERLAP_CLASSES = ("backchannel", "interruption", "noise")
 PAUSE_CLASSES = ("open", "complete")
 MODEL_PATH = Path(__file__).with_name("turn_model.json")
-_MIN_LAG, _MAX_LAG = 40, 267  # 60-400 Hz at 16 kHz: a voice's pitch periods
 # what each class of overlap says to the listening barge-in (``overlap.Listening``)
 SAID = {"backchannel": Said.BACKCHANNEL, "interruption": Said.FLOOR, "noise": Said.NOTHING}
-
-
-def periodicity(window: np.ndarray) -> float:
-    """How periodic ``window`` (int16 or float, >= 2 pitch periods) is: the normalised
-    autocorrelation's peak over a voice's pitch lags (a vowel near 1, a knock or hiss near 0)."""
-    x = np.asarray(window, np.float64)
-    x = x - x.mean()
-    n = len(x)
-    if n <= _MAX_LAG or not np.any(x):
-        return 0.0
-    spectrum = np.fft.rfft(x, 2 * n)
-    ac = np.fft.irfft(spectrum * np.conj(spectrum))[:n]
-    lags = np.arange(_MIN_LAG, min(_MAX_LAG, n - 1))
-    norm = ac[lags] / (ac[0] * (n - lags) / n)
-    return float(max(0.0, norm.max()))
-
-
-def _level_db(frame: np.ndarray) -> float:
-    rms = float(np.sqrt(np.mean(np.asarray(frame, np.float64) ** 2))) / 32768.0
-    return 20.0 * math.log10(rms) if rms > 1e-6 else -120.0
-
-
-@dataclass(frozen=True)
-class SoundTrace:
-    """The overlap's sound per frame (from its onset's prefix on): level (dBFS), periodicity, and
-    the VAD's verdict."""
-
-    levels: np.ndarray
-    periodic: np.ndarray
-    voiced: list[bool]
-
-    @classmethod
-    def of(cls, frames: list[tuple[np.ndarray, bool]]) -> SoundTrace:
-        """``frames``: int16 16 kHz samples and the VAD's verdict (``TurnAudio``'s frames)."""
-        levels, periodic = [], []
-        previous = np.zeros(0, np.int16)
-        for frame, _ in frames:
-            levels.append(_level_db(frame))
-            periodic.append(periodicity(np.concatenate([previous, frame])))
-            previous = frame
-        return cls(np.asarray(levels), np.asarray(periodic), [voiced for _, voiced in frames])
-
+__all__ = ["SoundTrace", "periodicity"]  # read here by the corpus tools and the tests
 
 OVERLAP_FEATURES = ("voiced_s", "sound_s", "voiced_share", "periodic_mean", "periodic_max", "periodic_rise",
                     "level_above_floor", "level_spread", "words", "all_backchannel", "floor_word", "other_words",
@@ -150,15 +111,19 @@ class TurnModels:
     overlap: LinearModel
     pause: LinearModel
     complete_at: float = 0.5  # P(complete) at/above which a pause ends the turn
+    sound: LinearModel | None = None  # the overlap's sound alone: P(other) (a backchannel or a noise)
+    hold_at: float = 1.0  # P(other) at/above which a sound is held for its words at interrupt_ms
 
     @classmethod
     def load(cls, path: Path = MODEL_PATH) -> TurnModels:
         """The models in ``path`` (a ValueError names what is wrong with it)."""
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         overlap, pause = LinearModel.from_json(data["overlap"]), LinearModel.from_json(data["pause"])
-        if overlap.features != OVERLAP_FEATURES or pause.features != PAUSE_FEATURES:
+        sound = LinearModel.from_json(data["sound"]) if "sound" in data else None
+        if overlap.features != OVERLAP_FEATURES or pause.features != PAUSE_FEATURES or (
+                sound is not None and sound.features != SOUND_FEATURES):
             raise ValueError(f"{path}: its features are not this duplex's (retrain: duplex bench turn-taking --train)")
-        return cls(overlap, pause, float(data.get("complete_at", 0.5)))
+        return cls(overlap, pause, float(data.get("complete_at", 0.5)), sound, float(data.get("hold_at", 1.0)))
 
     def overlap_kind(self, trace: SoundTrace, voiced_ms: int, text: str) -> str:
         probabilities = self.overlap.probabilities(overlap_features(trace, voiced_ms, text))
@@ -166,6 +131,14 @@ class TurnModels:
 
     def pause_complete(self, probability: float, text: str) -> float:
         return self.pause.probabilities(pause_features(probability, text))["complete"]
+
+    def sound_other(self, trace: SoundTrace) -> float:
+        """P(the sound is a backchannel or a noise, not a caller taking the floor); 0 without the model."""
+        return 0.0 if self.sound is None else self.sound.probabilities(sound_features(trace))["other"]
+
+    def sound_holds(self, trace: SoundTrace) -> bool:
+        """Whether the sound is held for its words instead of interrupting at ``interrupt_ms``."""
+        return self.sound is not None and self.sound_other(trace) >= self.hold_at
 
 
 @lru_cache(maxsize=1)
@@ -186,3 +159,11 @@ def read_overlap(frames: list[tuple[np.ndarray, bool]], text: str, voiced_ms: in
     and words; None without the model."""
     models = shipped_models()
     return None if models is None else SAID[models.overlap_kind(SoundTrace.of(frames), voiced_ms, text)]
+
+
+def read_sound(frames: list[tuple[np.ndarray, bool]]) -> bool:
+    """The shipped model's reading of an overlap's sound alone, from its frames (from its onset's
+    prefix on): True when it hears a backchannel or a noise (hold it for the words); False
+    without the model (the voiced time decides)."""
+    models = shipped_models()
+    return models is not None and models.sound_holds(SoundTrace.of(frames))

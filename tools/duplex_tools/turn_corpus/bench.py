@@ -42,7 +42,8 @@ def run_corpus(args: argparse.Namespace) -> int:
         print(f"training on the {args.train_on} part ...", file=sys.stderr, flush=True)
         _, examples = evaluate(args.cache, args.train_on, None, args.full)
         write(train(examples), args.model)
-        print(f"wrote {args.model} ({len(examples.overlap)} overlap and {len(examples.pause)} pause examples)")
+        print(f"wrote {args.model} ({len(examples.overlap)} overlap, {len(examples.pause)} pause and "
+              f"{len(examples.sound)} sound examples)")
     if args.corpus is None:
         return 0
     models = TurnModels.load(args.model) if Path(args.model).is_file() else None

@@ -1,6 +1,9 @@
 """Every clip of a corpus split through the decisions, in process (``simulate.py``): today's rules
 (the listening barge-in with its word lists; end of turn by silence and by the semantic rule) and,
-given a trained ``TurnModels``, the learned decisions, on the same frames and the same words.
+given a trained ``TurnModels``, the learned decisions, on the same frames and the same words: the
+learned reading of the words and sound (``learned``), and today's rules with the learned reading of
+the sound alone at ``interrupt_ms`` (``listen + sound``: a sound it hears as a backchannel or a noise
+is held for its words).
 
 Per clip, an ``Outcome`` per way: ``takeover`` is the agent taking the floor (for a pause: the
 turn ended before the caller went on; for an overlap: the reply cut; for an interruption that is
@@ -16,14 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from duplex.config.session import BargeInConfig, SemanticTurnConfig, VadConfig
+from duplex.session.overlap_sound import sound_features
 from duplex.session.overlap_words import Said
 from duplex.session.turn_model import SAID, SoundTrace, TurnModels, overlap_features, pause_features
 from duplex_tools.turn_corpus import spec
 from duplex_tools.turn_corpus.ears import Ears
 from duplex_tools.turn_corpus.render import render
-from duplex_tools.turn_corpus.simulate import Frames, frames_of, run_overlap, run_turn
+from duplex_tools.turn_corpus.simulate import Deaf, Frames, frames_of, run_overlap, run_turn
 
 TODAY, SILENCE, LEARNED = "today (semantic + listen)", "silence + listen", "learned"
+SOUND = "listen + sound"
 OVERLAPS = ("backchannel", "noise", "interruption")
 
 
@@ -33,6 +38,7 @@ class Outcome:
     way: str
     takeover: bool
     latency_ms: float | None = None
+    held: bool = False  # an overlap's sound was held for its words at interrupt_ms
 
 
 @dataclass
@@ -41,6 +47,8 @@ class Examples:
 
     overlap: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (features, the clip's category)
     pause: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (features, "complete" | "open")
+    sound: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (the sound's features at a reading, category)
+    first_sound: list[tuple[np.ndarray, str]] = field(default_factory=list)  # the first reading of each overlap
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,15 @@ def _overlap(clip: spec.Clip, frames: Frames, ears: Ears, settings: Settings, mo
     today = run_overlap(frames, ears, settings.barge_in, settings.vad, settings.asr_ms)
     examples.overlap += [(overlap_features(trace, voiced_ms, text), clip.category)
                          for (voiced_ms, text), trace in today.examples.items()]
+    # the sound reading's examples: the sound at every reading while it is held throughout (words
+    # unheard: the reading comes before them), so every later reading of a held sound is there too
+    throughout = run_overlap(frames, Deaf(), settings.barge_in, settings.vad, settings.asr_ms, sound=lambda _: True)
+    examples.sound += [(sound_features(trace), clip.category) for trace in throughout.checked]
+    examples.first_sound += examples.sound[len(examples.sound) - len(throughout.checked):][:1]
     out = [Outcome(clip, way, today.takeover, _span(today.onset_ms, today.decided_ms)) for way in (TODAY, SILENCE)]
+    if models is not None and models.sound is not None:
+        held = run_overlap(frames, ears, settings.barge_in, settings.vad, settings.asr_ms, sound=models.sound_holds)
+        out.append(Outcome(clip, SOUND, held.takeover, _span(held.onset_ms, held.decided_ms), held.held))
     if models is not None:
         def hearing(trace: SoundTrace, text: str, voiced_ms: int) -> Said:
             return SAID[models.overlap_kind(trace, voiced_ms, text)]

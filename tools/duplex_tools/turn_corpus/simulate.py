@@ -10,7 +10,9 @@ detector, and
 - for a turn with a pause (or a complete one): the silence rule (``vad.silence_ms``) and the
   semantic rule (``endpoint.EndOfTurnJudge`` with Smart Turn and the turn's words at ``check_ms``).
 
-``hearing`` (optional) replaces the words' reading (``Listening.says``) and ``pause_model`` the
+``hearing`` (optional) replaces the words' reading (``Listening.says``), ``sound`` the reading of
+the sound at ``interrupt_ms`` (``barge_in.sound: learned``; without it nothing is held, and the
+sounds it was asked on are kept: the sound reading's training data) and ``pause_model`` the
 semantic rule's verdict: the learned decisions are run the same way. Partial transcripts are not
 simulated: only the final words of each probe."""
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -34,6 +37,18 @@ from duplex_tools.turn_corpus.render import Rendered
 FRAME = 320  # 20 ms at 16 kHz
 FRAME_MS = 20
 Hearing = Callable[[SoundTrace, str, int], Said]  # (the sound, its words, voiced ms) -> what they say
+SoundHolds = Callable[[SoundTrace], bool]  # the sound at interrupt_ms (and on) -> held for its words
+
+
+class WordsOf(Protocol):
+    def words(self, audio: np.ndarray) -> str: ...  # an overlap's final words (``Ears``)
+
+
+class Deaf:
+    """Ears that hear no words: the sound alone (the sound reading's training run)."""
+
+    def words(self, audio: np.ndarray) -> str:
+        return ""
 
 
 @dataclass
@@ -57,10 +72,12 @@ class OverlapRun:
     decided_ms: int | None = None  # stream time of the interrupting verdict
     onset_ms: int | None = None
     examples: dict[tuple[int, str], SoundTrace] = field(default_factory=dict)  # (voiced ms, words) read -> sound
+    checked: list[SoundTrace] = field(default_factory=list)  # the sounds read from interrupt_ms on
+    held: bool = False  # one of them was held for its words
 
 
-def run_overlap(frames: Frames, ears: Ears, barge_in: BargeInConfig, vad: VadConfig, asr_ms: int = 200,
-                hearing: Hearing | None = None) -> OverlapRun:
+def run_overlap(frames: Frames, ears: WordsOf, barge_in: BargeInConfig, vad: VadConfig, asr_ms: int = 200,
+                hearing: Hearing | None = None, sound: SoundHolds | None = None) -> OverlapRun:
     run = OverlapRun()
     detector = TurnDetector(vad)
     prefix_frames = vad.prefix_padding_ms // FRAME_MS
@@ -75,7 +92,13 @@ def run_overlap(frames: Frames, ears: Ears, barge_in: BargeInConfig, vad: VadCon
         sound = run.examples.setdefault((voiced_ms, text), trace())
         return None if hearing is None else hearing(sound, text, voiced_ms)
 
-    listening: Listening[object] = Listening(says)
+    def holds() -> bool:
+        run.checked.append(trace())
+        held = sound is not None and sound(run.checked[-1])
+        run.held = run.held or held
+        return held
+
+    listening: Listening[object] = Listening(says, holds)
     reply = object()
     probe_from: int | None = None  # sample the open probe's audio begins at
     pending: tuple[int, str] | None = None  # words on their way: (arrival ms, text)

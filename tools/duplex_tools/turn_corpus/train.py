@@ -3,8 +3,12 @@ corpus by one command (``duplex bench turn-taking --train``): multinomial logist
 (scikit-learn, lbfgs: deterministic) over the features the decisions read, standardised; the
 pause's threshold picked on the same part (the lowest P(complete) at which at most
 ``OPEN_BUDGET`` of its judged pauses that were not the turn's end would end it: a trade of pauses
-taken over against complete turns left waiting for the longest pause). Written as JSON weights the server
-applies with numpy."""
+taken over against complete turns left waiting for the longest pause); the sound reading's
+(``sound_features`` at ``interrupt_ms``: a caller taking the floor, or "other": a backchannel or a
+noise) threshold likewise: the lowest P(other) at which at most ``HOLD_BUDGET`` of the part's
+interruptions would be held for their words at their first reading (picked on the dev part from
+0.05-0.5: a held interruption is cut at a later reading or by its words, so it costs time, not the
+floor). Written as JSON weights the server applies with numpy."""
 
 from __future__ import annotations
 
@@ -13,10 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from duplex.session.overlap_sound import SOUND_FEATURES
 from duplex.session.turn_model import OVERLAP_FEATURES, PAUSE_FEATURES, LinearModel, TurnModels
 from duplex_tools.turn_corpus.evaluate import Examples
 
 OPEN_BUDGET = 0.10  # pauses of the training part that are not the end which the pause model may end
+HOLD_BUDGET = 0.20  # interruptions of the training part the sound reading may hold for their words (first reading)
 
 
 def fit(rows: list[tuple[np.ndarray, str]], features: tuple[str, ...], c: float = 1.0) -> LinearModel:
@@ -43,15 +49,35 @@ def pick_threshold(pause: LinearModel, rows: list[tuple[np.ndarray, str]]) -> fl
     return float(round(min(0.99, max(0.5, opens[len(opens) - 1 - allowed] + 1e-6)), 6))
 
 
+def pick_hold(sound: LinearModel, rows: list[tuple[np.ndarray, str]]) -> float:
+    """The lowest P(other) at which at most ``HOLD_BUDGET`` of the interruptions (``rows``: their
+    first readings) would be held."""
+    floors = sorted(sound.probabilities(x)["other"] for x, label in rows if label == "interruption")
+    if not floors:
+        return 1.0
+    allowed = int(HOLD_BUDGET * len(floors))
+    return float(round(min(1.0, max(0.5, floors[len(floors) - 1 - allowed] + 1e-6)), 6))
+
+
 def train(examples: Examples) -> TurnModels:
     overlap = fit(examples.overlap, OVERLAP_FEATURES)
     pause = fit(examples.pause, PAUSE_FEATURES)
-    return TurnModels(overlap, pause, pick_threshold(pause, examples.pause))
+    complete_at = pick_threshold(pause, examples.pause)
+    if not examples.sound:  # no overlap was read at interrupt_ms: the sound's time decides alone
+        return TurnModels(overlap, pause, complete_at)
+    sound = fit(_floor_or_other(examples.sound), SOUND_FEATURES)
+    return TurnModels(overlap, pause, complete_at, sound, pick_hold(sound, _floor_or_other(examples.first_sound)))
+
+
+def _floor_or_other(rows: list[tuple[np.ndarray, str]]) -> list[tuple[np.ndarray, str]]:
+    return [(x, "interruption" if category == "interruption" else "other") for x, category in rows]
 
 
 def write(models: TurnModels, path: Path) -> None:
     payload = {"comment": "made by `duplex bench turn-taking --train` (tools/duplex_tools/turn_corpus/train.py)",
                "complete_at": models.complete_at, "overlap": models.overlap.to_json(), "pause": models.pause.to_json()}
+    if models.sound is not None:
+        payload |= {"hold_at": models.hold_at, "sound": models.sound.to_json()}
     text = json.dumps(payload, indent=1)
     Path(path).write_text(_rounded(text) + "\n", encoding="utf-8")
 

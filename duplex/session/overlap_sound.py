@@ -1,0 +1,184 @@
+"""An overlap's sound, read without its words: per 20 ms frame its level, periodicity, pitch and
+spectral flatness (``SoundTrace``), and the acoustic features (``SOUND_FEATURES``) the learned
+sound reading (``turn_model``) reads at the moment the voiced time alone would interrupt
+(``barge_in.interrupt_ms``, ``barge_in.sound: learned``).
+
+Why these: a caller who takes the floor speaks on, in syllables with a moving pitch, one breath
+group after another; "mm-hmm, mm-hmm" and "yeah yeah" are short bursts with gaps between them and
+a flat or falling contour; a keyboard, a knock or clicks are many short unpitched bursts; a
+laugh is even, repeated syllables on one pitch; music holds its pitch with a steady level.
+Everything here comes from the frames the session already holds (``TurnAudio``), with numpy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+RATE = 16_000
+_MIN_LAG, _MAX_LAG = 40, 267  # 60-400 Hz at 16 kHz: a voice's pitch periods
+_BAND_HZ = (200.0, 3400.0)  # what every line carries (the phone's band): flatness is read inside it
+PITCHED = 0.6  # periodicity at/above which a frame has a pitch (a vowel near 1, a hiss near 0)
+
+
+def _peak(window: np.ndarray) -> tuple[float, int]:
+    """The normalised autocorrelation's peak over a voice's pitch lags, and its lag."""
+    x = np.asarray(window, np.float64)
+    x = x - x.mean()
+    n = len(x)
+    if n <= _MAX_LAG or not np.any(x):
+        return 0.0, 0
+    spectrum = np.fft.rfft(x, 2 * n)
+    ac = np.fft.irfft(spectrum * np.conj(spectrum))[:n]
+    lags = np.arange(_MIN_LAG, min(_MAX_LAG, n - 1))
+    norm = ac[lags] / (ac[0] * (n - lags) / n)
+    best = int(np.argmax(norm))
+    return float(max(0.0, norm[best])), int(lags[best])
+
+
+def periodicity(window: np.ndarray) -> float:
+    """How periodic ``window`` (int16 or float, >= 2 pitch periods) is: the normalised
+    autocorrelation's peak over a voice's pitch lags (a vowel near 1, a knock or hiss near 0)."""
+    return _peak(window)[0]
+
+
+def spectrum_of(frame: np.ndarray) -> tuple[float, float]:
+    """Spectral flatness and centroid (kHz) of ``frame`` within the phone band. Flatness is the
+    power spectrum's geometric over its arithmetic mean: a hiss or a click near 1, a vowel or a
+    chord near 0. The centroid is high for the hiss of "s", "t", "ch" (which sentences have and
+    "mm-hmm", "yeah" mostly lack) and low for a hum."""
+    x = np.asarray(frame, np.float64)
+    if len(x) < 2 or not np.any(x):
+        return 1.0, 0.0
+    power = np.abs(np.fft.rfft(x * np.hanning(len(x)))) ** 2
+    freqs = np.fft.rfftfreq(len(x), 1 / RATE)
+    inside = (freqs >= _BAND_HZ[0]) & (freqs <= _BAND_HZ[1])
+    band = power[inside] + 1e-12
+    centroid = float(np.dot(freqs[inside], band) / band.sum()) / 1000
+    return float(np.exp(np.mean(np.log(band))) / np.mean(band)), centroid
+
+
+def flatness(frame: np.ndarray) -> float:
+    """Spectral flatness of ``frame`` within the phone band (``spectrum_of``)."""
+    return spectrum_of(frame)[0]
+
+
+def _level_db(frame: np.ndarray) -> float:
+    rms = float(np.sqrt(np.mean(np.asarray(frame, np.float64) ** 2))) / 32768.0
+    return 20.0 * math.log10(rms) if rms > 1e-6 else -120.0
+
+
+@dataclass(frozen=True)
+class SoundTrace:
+    """The overlap's sound per frame (from its onset's prefix on): level (dBFS), periodicity,
+    pitch (Hz, of the periodicity's peak; read only where periodic), spectral flatness and
+    centroid (kHz), and the VAD's verdict."""
+
+    levels: np.ndarray
+    periodic: np.ndarray
+    voiced: list[bool]
+    pitch: np.ndarray
+    flat: np.ndarray
+    centroid: np.ndarray
+
+    @classmethod
+    def of(cls, frames: list[tuple[np.ndarray, bool]]) -> SoundTrace:
+        """``frames``: int16 16 kHz samples and the VAD's verdict (``TurnAudio``'s frames)."""
+        levels, periodic, pitch, flat, centroid = [], [], [], [], []
+        previous = np.zeros(0, np.int16)
+        for frame, _ in frames:
+            levels.append(_level_db(frame))
+            strength, lag = _peak(np.concatenate([previous, frame]))
+            periodic.append(strength)
+            pitch.append(RATE / lag if lag else 0.0)
+            flatness_, centroid_ = spectrum_of(frame)
+            flat.append(flatness_)
+            centroid.append(centroid_)
+            previous = frame
+        return cls(np.asarray(levels), np.asarray(periodic), [voiced for _, voiced in frames], np.asarray(pitch),
+                   np.asarray(flat), np.asarray(centroid))
+
+
+_MEASURES = ("sound_s", "voiced_share", "bursts_per_s", "longest_gap_s", "periodic_mean", "pitched_share",
+                  "pitch_spread", "pitch_step", "flatness_mean", "flatness_spread", "level_above_floor",
+                  "level_spread", "level_flux", "level_trend", "level_repeat", "centroid_mean", "centroid_spread",
+                  "hiss_share")
+# the measures and their squares: a linear model of both draws a curved line between the classes
+# (a middling pitch spread or level is speech; a very flat or very jumpy one is not)
+SOUND_FEATURES = _MEASURES + tuple(f"{name}^2" for name in _MEASURES)
+HISS_KHZ = 1.8  # a loud frame whose centroid is above this is a consonant's hiss (or a noise's)
+_REPEAT_LAGS = (6, 30)  # frames (120-600 ms): one syllable to one "uh-huh" apart
+_REPEAT_OVERLAP = 8  # frames the contour and its shifted copy share, at the least
+_CONTOUR_DB = 40.0  # the level contour is read this far below its peak (quieter is the floor)
+
+
+def _runs(flags: list[bool]) -> list[tuple[bool, int]]:
+    """``flags`` as runs: (value, length)."""
+    runs: list[tuple[bool, int]] = []
+    for flag in flags:
+        if runs and runs[-1][0] == flag:
+            runs[-1] = (flag, runs[-1][1] + 1)
+        else:
+            runs.append((flag, 1))
+    return runs
+
+
+def _repeat(contour: np.ndarray) -> float:
+    """How well the level contour matches itself shifted by a syllable or more (its correlation's
+    peak over ``_REPEAT_LAGS``): "uh-huh, uh-huh", "yeah yeah", a laugh, a beat repeat; speech that
+    takes the floor does not."""
+    x = np.maximum(contour, contour.max() - _CONTOUR_DB)
+    x = x - x.mean()
+    best = 0.0
+    for lag in range(_REPEAT_LAGS[0], min(_REPEAT_LAGS[1], len(x) - _REPEAT_OVERLAP) + 1):
+        a, b = x[:-lag], x[lag:]
+        energy = float(np.sqrt(np.dot(a, a) * np.dot(b, b)))
+        if energy > 0:
+            best = max(best, float(np.dot(a, b)) / energy)
+    return best
+
+
+def sound_features(trace: SoundTrace) -> np.ndarray:
+    """The sound's features (``SOUND_FEATURES``), over its span (first to last voiced frame)."""
+    voiced = np.flatnonzero(trace.voiced)
+    if not voiced.size:
+        return np.zeros(len(SOUND_FEATURES))
+    measures = _measures(trace, voiced)
+    return np.concatenate([measures, measures**2])
+
+
+def _measures(trace: SoundTrace, voiced: np.ndarray) -> np.ndarray:
+    """``_MEASURES`` of a sound with a voiced frame at least."""
+    first, last = int(voiced[0]), int(voiced[-1]) + 1
+    span = trace.voiced[first:last]
+    sound_s = 0.02 * len(span)
+    runs = _runs(span)
+    bursts = sum(1 for flag, _ in runs if flag)
+    gap = max((n for flag, n in runs if not flag), default=0)
+    periodic = trace.periodic[voiced]
+    pitched = voiced[periodic >= PITCHED]
+    semitones = 12 * np.log2(np.maximum(trace.pitch[pitched], 1.0)) if pitched.size else np.zeros(0)
+    spread = float(semitones.std()) / 12 if len(semitones) >= 3 else 0.0
+    steps = [abs(semitones[i + 1] - semitones[i]) for i in range(len(semitones) - 1)
+             if pitched[i + 1] == pitched[i] + 1]  # from one frame to the next
+    step = float(np.median(np.minimum(steps, 12.0))) / 12 if steps else 0.0
+    levels = trace.levels[first:last]
+    voiced_levels = trace.levels[voiced]
+    third = max(1, len(levels) // 3)
+    return np.array([
+        sound_s, float(np.mean(span)), bursts / max(sound_s, 0.1), 0.02 * gap,
+        float(periodic.mean()), pitched.size / voiced.size, spread, step,
+        float(trace.flat[voiced].mean()), float(trace.flat[voiced].std()),
+        float(voiced_levels.mean() - trace.levels.min()) / 10, float(voiced_levels.std()) / 10,
+        float(np.mean(np.abs(np.diff(levels)))) / 10 if len(levels) > 1 else 0.0,
+        float(levels[-third:].mean() - levels[:third].mean()) / 10, _repeat(levels),
+        float(trace.centroid[voiced].mean()), float(trace.centroid[voiced].std()), _hiss_share(trace, first, last),
+    ], np.float64)
+
+
+def _hiss_share(trace: SoundTrace, first: int, last: int) -> float:
+    """The share of the span's frames well above the floor whose centroid is a hiss's."""
+    levels = trace.levels[first:last]
+    loud = levels >= trace.levels.min() + 10
+    return float(np.mean(loud & (trace.centroid[first:last] >= HISS_KHZ)))
