@@ -110,6 +110,10 @@ class VLLMServer:
         self.stop()
         raise RuntimeError(f"vLLM was not healthy within {self.start_timeout_s:.0f} s:\n{self.log_tail()}")
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
     def healthy(self) -> bool:
         try:
             return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2.0).status_code == 200

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -113,8 +114,26 @@ async def _one_turn(runtime, config: SessionConfig, mode: str, name: str, text: 
     return turn
 
 
-async def measure(args, overrides: list[str], progress: bool = True, pipeline: PipelineConfig | None = None) -> dict:
-    """``pipeline``: this config instead of ``args.config`` with the overrides (the services bench)."""
+async def _wave(runtime, config: SessionConfig, mode: str, index: int, utterances: list, callers: int,
+                stagger_s: float, metrics=None) -> list[SessionTurn]:
+    """``callers`` sessions at once, each starting ``stagger_s`` after the one before (so their
+    ends of speech overlap without all landing in the same frame), each its own utterance."""
+
+    async def caller(k: int) -> SessionTurn:
+        await asyncio.sleep(k * stagger_s)  # the wave's schedule, not a wait for anything
+        text, audio, _ = utterances[(index + k) % len(utterances)]
+        audio = np.concatenate([audio, np.zeros(RATE * 15, np.float32)])  # the caller then stays quiet
+        name = f"sess_bench-{mode}-{index}" + (f"-{k}" if callers > 1 else "")
+        return await _one_turn(runtime, config, mode, name, text, audio, 15.0 + 2.0 * callers, metrics)
+
+    return list(await asyncio.gather(*(caller(k) for k in range(callers))))
+
+
+async def measure(args, overrides: list[str], progress: bool = True, pipeline: PipelineConfig | None = None,
+                  mark: Callable[[str], None] | None = None) -> dict:
+    """``pipeline``: this config instead of ``args.config`` with the overrides (the services bench);
+    ``mark("measured")`` is called once the warmups are done, ``mark("done")`` after the last turn
+    with the pipeline still up (what the services bench counts CPU between)."""
     from duplex.models.registry import BUILDERS
     from duplex.runtime.coordinator import Coordinator
     from duplex.server.metrics import ServerMetrics
@@ -130,6 +149,8 @@ async def measure(args, overrides: list[str], progress: bool = True, pipeline: P
     configs = mode_configs(settings)
     if metrics_cost:  # both modes as the pipeline sets preemption; what differs is the metrics
         configs = {mode: SessionConfig.model_validate(settings) for mode in MODES}
+    callers = getattr(args, "callers", 1)
+    stagger_s = getattr(args, "stagger_ms", 0) / 1000
     load_before = os.getloadavg()[0]
     turns: list[SessionTurn] = []
     async with Coordinator(cfg, BUILDERS) as coordinator:
@@ -141,23 +162,26 @@ async def measure(args, overrides: list[str], progress: bool = True, pipeline: P
                   f"({toggled} off/on alternating, pause {configs['on'].preemptive_generation.pause_ms} ms, "
                   f"end of turn {configs['on'].vad.silence_ms} ms)", flush=True)
         for index in range(args.warmup + args.turns):
-            text, audio, _ = utterances[index % len(utterances)]
-            audio = np.concatenate([audio, np.zeros(RATE * 15, np.float32)])  # the caller then stays quiet
+            if index == args.warmup and mark is not None:
+                mark("measured")
             for mode in MODES:
                 watched = metrics if metrics_cost and mode == "on" else None
-                turn = await _one_turn(runtime, configs[mode], mode, f"sess_bench-{mode}-{index}", text, audio, 15.0,
-                                       watched)
+                wave = await _wave(runtime, configs[mode], mode, index, utterances, callers, stagger_s, watched)
                 if progress:
                     label = "warmup" if index < args.warmup else f"turn {index - args.warmup + 1}/{args.turns}"
-                    shown = f"{turn.ttfa_ms:.0f} ms" if turn.ttfa_ms is not None else "no audio"
                     what = "metrics" if metrics_cost else "preemption"
-                    print(f"  {label} {what} {mode:>3}: ttfa {shown}  speculations {turn.preemptive_starts} "
-                          f"(aborted {turn.preemptive_aborts})  heard {turn.heard!r} -> {turn.reply!r}", flush=True)
+                    for turn in wave:
+                        shown = f"{turn.ttfa_ms:.0f} ms" if turn.ttfa_ms is not None else "no audio"
+                        print(f"  {label} {what} {mode:>3}: ttfa {shown}  speculations {turn.preemptive_starts} "
+                              f"(aborted {turn.preemptive_aborts})  heard {turn.heard!r} -> {turn.reply!r}",
+                              flush=True)
                 if index >= args.warmup:
-                    turns.append(turn)
+                    turns.extend(wave)
                 await coordinator.wait_idle(timeout=30)
+        if mark is not None:
+            mark("done")
     return {"config": cfg.name, "mode": "session", "compare": "metrics" if metrics_cost else "preemption",
-            "cpus": os.cpu_count(),
+            "cpus": os.cpu_count(), "callers": callers, "stagger_ms": stagger_s * 1000,
             "pause_ms": configs["on"].preemptive_generation.pause_ms, "silence_ms": configs["on"].vad.silence_ms,
             "load_avg_1m": {"before": load_before, "after": os.getloadavg()[0]},
             "turns": [asdict(t) for t in turns], "summary": summarize(turns)}
