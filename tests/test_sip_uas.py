@@ -7,6 +7,7 @@ import hashlib
 
 import pytest
 
+from duplex.edge.sip.client_transactions import T4_S
 from duplex.edge.sip.config import SipConfig
 from duplex.edge.sip.headers import parse_auth_params
 from duplex.edge.sip.uas import SipServer
@@ -48,9 +49,10 @@ async def server():
 
 
 async def _idle(srv: SipServer) -> None:
-    """Every per-call resource released (calls, RTP sockets, agents, transactions)."""
+    """Every per-call resource released (calls, RTP sockets, agents, transactions). A BYE the
+    server sent lingers T4 after its 200 (to absorb retransmissions): the wait allows for it."""
     keys = ("calls", "rtp_sockets", "agents", "client_transactions")
-    await wait_until(lambda: all(srv.stats()[k] == 0 for k in keys), 5, "call resources freed")
+    await wait_until(lambda: all(srv.stats()[k] == 0 for k in keys), T4_S + 5, "call resources freed")
 
 
 async def _hang_up(srv: SipServer, peer: SipPeer, phone: RtpPhone) -> None:
