@@ -159,7 +159,8 @@ class Category:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("turn-taking", help="take-over rates and latencies per turn-taking category, "
                                                 "barge-in that listens vs any onset interrupts")
-    parser.add_argument("--config", default="toy-voice", help="pipeline to serve (default: toy-voice)")
+    parser.add_argument("--config", help="pipeline to serve (default: toy-voice; with --corpus --door: local, "
+                                          "the real one)")
     parser.add_argument("--rounds", type=int, default=3, help="times each scenario is played per mode")
     parser.add_argument("--voice", default=PIPER, help="the caller's voice: piper (default; the local "
                         "pipeline's Piper voice) or an espeak-ng voice such as en-us")
@@ -219,6 +220,7 @@ async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, Se
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.corpus is not None or args.train:
         return run_corpus(args)
+    args.config = args.config or "toy-voice"
     chosen_modes = modes([m for m in args.modes.split(",") if m], args.speculate_ms, _default_name(args.config))
     categories_played = _categories(args.categories)
     use_loopback_candidates(True)
