@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from duplex_tools.bench import turn_door as door
+from duplex_tools.bench import turn_door_report as door_report
 from duplex_tools.harness import ServerProcess, server_stats
-from duplex_tools.turn_corpus import door, door_report, spec
+from duplex_tools.turn_corpus import spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEAKER = spec.SPEAKERS[0]  # an espeak-ng voice with no pitch shift: made without sox or Piper

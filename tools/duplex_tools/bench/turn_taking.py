@@ -17,7 +17,8 @@ made at run time) ``--rounds`` times per mode:
 - ``interruption``: a real interruption; the agent must yield and answer it.
 
 ``--corpus PART`` judges the synthetic corpus of many voices instead, in process
-(``duplex_tools.turn_corpus``); ``--train`` trains the learned decisions from it.
+(``duplex_tools.turn_corpus``); ``--train`` trains the learned decisions from it; with ``--door
+webrtc`` a stratified sample of it is played end to end, call by call (``turn_door.py``).
 
 Latencies: end of speech -> first agent audio (every answered question), onset -> agent silent
 (interruptions), interruption -> its answer, and a false onset's end -> the agent heard again.
@@ -35,6 +36,8 @@ from typing import Any
 from duplex.config.loader import load_pipeline
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools.bench.server_parts import Totals, add_parts, mean_parts_ms, read_parts
+from duplex_tools.bench.turn_door_cli import add_arguments as add_door_arguments
+from duplex_tools.bench.turn_door_cli import run_door
 from duplex_tools.harness import ServerProcess
 from duplex_tools.report import percentile, table, write_json
 from duplex_tools.scenario.measure import ScenarioResult, measure
@@ -177,6 +180,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--plot", help="write a PNG of the take-over rates and latencies here (with --corpus: "
                                        "a heat map of take-overs by variant x condition)")
     add_arguments(parser)
+    add_door_arguments(parser)
     parser.set_defaults(func=run, takes_overrides=False)
 
 
@@ -218,6 +222,8 @@ async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, Se
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.door is not None:
+        return run_door(args)
     if args.corpus is not None or args.train:
         return run_corpus(args)
     args.config = args.config or "toy-voice"

@@ -1,8 +1,6 @@
 """``duplex bench turn-taking --corpus PART``: the corpus' in-process mode (no server): every clip
 of PART through today's rules and the learned decisions, side by side; ``--train``: the learned
-decisions trained from the dev part (or ``--train-on``) and written to ``--model``; ``--door
-webrtc``: a stratified sample of PART played end to end, call by call, through a real door
-against a real server (``door.py``)."""
+decisions trained from the dev part (or ``--train-on``) and written to ``--model``."""
 
 from __future__ import annotations
 
@@ -30,15 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--full", action="store_true",
                        help="every speaker under every condition (default: clean and two others per speaker "
                             "and variant, in rotation: every cell, half the compute)")
-    group.add_argument("--door", choices=("webrtc",),
-                       help="play a stratified sample of --corpus PART end to end through this door, one call per "
-                            "clip, against a real `duplex serve --config CONFIG` (default local) or --url")
-    group.add_argument("--calls-per-cell", type=int, default=2,
-                       help="--door: calls per (variant, condition class: clean, noisy, room, phone); default 2")
-    group.add_argument("--limit", type=int, help="--door: at most this many calls (spread over the cells)")
-    group.add_argument("--seed", type=int, default=0, help="--door: the sample's seed (speakers, conditions)")
-    group.add_argument("--url", help="--door: play against this running server (it must be ours alone) "
-                                     "instead of starting one")
     group.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                        help=f"generated audio and the models' answers (default {DEFAULT_CACHE})")
 
@@ -49,12 +38,6 @@ def run_corpus(args: argparse.Namespace) -> int:
     from duplex_tools.turn_corpus.train import train, write
 
     command = "duplex bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    if args.door is not None:
-        from duplex_tools.turn_corpus.door_cli import run_door
-
-        if args.corpus is None:
-            raise SystemExit("--door needs --corpus PART")
-        return run_door(args, command)
     if args.train:
         print(f"training on the {args.train_on} part ...", file=sys.stderr, flush=True)
         _, examples = evaluate(args.cache, args.train_on, None, args.full)

@@ -1,6 +1,7 @@
-"""The numbers of the corpus played through a door: take-over rates per category (with counts and
-the calls that said nothing), latencies p50/p95, the breakdowns by condition class, condition and
-variant (``report.summary``, the in-process report's own), and its heat map."""
+"""The numbers of the corpus played through a door (``turn_door.py``): take-over rates per
+category (with counts and the calls that said nothing), latencies p50/p95, the breakdowns by
+condition class, condition and variant (``report.summary``, the in-process report's own), and its
+heat map."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from duplex_tools.bench.turn_door import CATEGORIES, CONDITION_CLASSES, DoorCall
 from duplex_tools.report import percentile, table
 from duplex_tools.turn_corpus import report as corpus_report
-from duplex_tools.turn_corpus.door import CATEGORIES, CONDITION_CLASSES, DoorCall
 from duplex_tools.turn_corpus.evaluate import Outcome
 
 LATENCY = {"pause": "end of speech -> answer", "interruption": "onset -> agent silent"}

@@ -1,21 +1,39 @@
-"""``duplex bench turn-taking --corpus PART --door webrtc``: the sample chosen and rendered, the
-server started (or ``--url``'s used), the calls played, the report printed and written."""
+"""``duplex bench turn-taking --corpus PART --door webrtc``: a stratified sample of the corpus'
+clips played end to end, call by call, through a real door against a real server
+(``turn_door.py``): the sample chosen and rendered, the server started (or ``--url``'s used),
+the calls played, the report printed and written."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 from pathlib import Path
 
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
+from duplex_tools.bench import turn_door as door
+from duplex_tools.bench import turn_door_report as door_report
 from duplex_tools.harness import ServerProcess
 from duplex_tools.report import write_json
-from duplex_tools.turn_corpus import door, door_report
+from duplex_tools.turn_corpus import spec
 from duplex_tools.turn_corpus.render import render
 
 DEFAULT_CONFIG = "local"  # what `duplex serve` runs with no flags: the real pipeline
 READY_TIMEOUT_S = 300.0  # local loads Whisper, Gemma and Piper first: slow on 2 busy cores
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("corpus end to end (with --corpus PART)")
+    group.add_argument("--door", choices=("webrtc",),
+                       help="play a stratified sample of --corpus PART end to end through this door, one call per "
+                            "clip, against a real `duplex serve --config CONFIG` (default local) or --url")
+    group.add_argument("--calls-per-cell", type=int, default=2,
+                       help="--door: calls per (variant, condition class: clean, noisy, room, phone); default 2")
+    group.add_argument("--limit", type=int, help="--door: at most this many calls (spread over the cells)")
+    group.add_argument("--seed", type=int, default=0, help="--door: the sample's seed (speakers, conditions)")
+    group.add_argument("--url", help="--door: play against this running server (it must be ours alone) "
+                                     "instead of starting one")
 
 
 def _say(line: str) -> None:
@@ -26,15 +44,19 @@ def _categories(value: str) -> tuple[str, ...]:
     chosen = tuple(c for c in value.split(",") if c)
     unknown = [c for c in chosen if c not in door.CATEGORIES]
     if unknown or not chosen:
-        raise SystemExit(f"--categories with --door: unknown {unknown or value!r} (known: {', '.join(door.CATEGORIES)})")
+        raise SystemExit(f"--categories with --door: unknown {unknown or value!r} "
+                         f"(known: {', '.join(door.CATEGORIES)})")
     return chosen
 
 
-def _play(args: argparse.Namespace, url: str, clips: list) -> list[door.DoorCall]:
+def _play(args: argparse.Namespace, url: str, clips: list[spec.Clip]) -> list[door.DoorCall]:
     return asyncio.run(door.play(url, clips, args.cache, args.voice, _say))
 
 
-def run_door(args: argparse.Namespace, command: str) -> int:
+def run_door(args: argparse.Namespace) -> int:
+    if args.corpus is None:
+        raise SystemExit("--door needs --corpus PART")
+    command = "duplex bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     if args.calls_per_cell < 1:
         raise SystemExit("--calls-per-cell must be at least 1")
     clips = door.sample(args.corpus, args.calls_per_cell, args.seed, _categories(args.categories))
