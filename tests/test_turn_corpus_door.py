@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -37,18 +39,28 @@ def test_the_sample_is_stratified_seeded_and_spreads_under_a_limit():
     assert len(set(clips)) == len(clips)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-@pytest.mark.usefixtures("loopback_candidates")
-@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
-def test_corpus_clips_play_end_to_end_through_webrtc(tmp_path: Path):
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback"], cwd=str(ROOT)) as proc:
+        yield proc
+    assert proc.stop() == 0, "".join(proc.output[-30:])
+
+
+def needs_a_server(test):
+    marks = (pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.usefixtures("loopback_candidates"),
+             pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed"))
+    for mark in marks:
+        test = mark(test)
+    return test
+
+
+@needs_a_server
+def test_corpus_clips_play_end_to_end_through_webrtc(server, tmp_path: Path):
     clips = [spec.Clip("interruption", "ask else", "clean", SPEAKER),
              spec.Clip("backchannel", "uh-huh", "clean", SPEAKER),
              spec.Clip("pause", "after a", "clean", SPEAKER)]
-    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback"], cwd=str(ROOT)) as server:
-        assert server.url is not None
-        calls = asyncio.run(door.play(server.url, clips, tmp_path / "cache", voice="en-us"))
-        stats = server_stats(server.url)
+    calls = asyncio.run(door.play(server.url, clips, tmp_path / "cache", voice="en-us"))
+    stats = server_stats(server.url)
     judged = {c.clip.category: c for c in calls}
     assert [c.void for c in calls] == [None] * 3, [c.void for c in calls]
     interruption = judged["interruption"]
@@ -66,5 +78,20 @@ def test_corpus_clips_play_end_to_end_through_webrtc(tmp_path: Path):
     assert report["categories"]["interruption"]["rate"] == 1.0
     assert report["categories"]["backchannel"]["by_class"]["clean"] == 0.0
     assert report["left_state_behind"] == 0
-    door_report.heat_map(calls, "webrtc (toy-voice)", tmp_path / "heat.png", "test")
+
+
+@needs_a_server
+def test_the_command_plays_its_sample_and_writes_its_report(server, tmp_path: Path):
+    out = tmp_path / "door.json"
+    run = subprocess.run([sys.executable, "-m", "duplex.cli", "bench", "turn-taking", "--corpus", "dev", "--door",
+                          "webrtc", "--url", server.url, "--categories", "noise", "--limit", "1", "--voice", "en-us",
+                          "--cache", str(tmp_path / "cache"), "--json", str(out), "--plot", str(tmp_path / "heat.png")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "call 1/1" in run.stderr and "take-over rate" in run.stdout
+    report = json.loads(out.read_text())
+    [call] = report["calls"]
+    assert call["category"] == "noise" and call["speaker"] in {s.name for s in spec.speakers_of("dev")}
+    assert call["void"] is None and call["left_nothing"] is True
+    assert report["categories"]["noise"]["calls"] == 1 and report["left_state_behind"] == 0
     assert (tmp_path / "heat.png").read_bytes()[:4] == b"\x89PNG"

@@ -33,7 +33,7 @@ from duplex_tools.scenario.measure import ScenarioResult, measure
 from duplex_tools.scenario.model import PIPER, Scenario
 from duplex_tools.scenario.runner import run_scenario
 from duplex_tools.turn_corpus import spec
-from duplex_tools.turn_corpus.evaluate import _resumes_at
+from duplex_tools.turn_corpus.evaluate import resumes_at
 from duplex_tools.turn_corpus.render import Rendered, render
 from duplex_tools.turn_corpus.simulate import frames_of
 
@@ -44,6 +44,7 @@ CONDITION_CLASSES = {"clean": "clean", "snr20": "noisy", "snr10": "noisy", "room
 QUESTION = "Could you tell me a little about your menu today?"
 OVERLAP_AT = {"agent_heard_s": 1.0}
 RATE = 16000  # the corpus' audio
+NOT_SPEAKING = "the agent was not speaking at the clip's onset"  # the call's void: the clip overlapped nothing
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def scenario_of(clip: spec.Clip, rendered: Rendered, folder: Path, voice: str = 
     audio = rendered.audio
     if clip.category == "pause":
         assert rendered.pause_at is not None  # every pause clip has one
-        resume = _resumes_at(frames_of(rendered, VadConfig()), rendered.pause_at) * RATE // 1000
+        resume = resumes_at(frames_of(rendered, VadConfig()), rendered.pause_at) * RATE // 1000
         resume = resume if rendered.pause_at < resume < rendered.end else rendered.pause_at + int(spec.PAUSE_S * RATE)
         steps = [{"wav": _wav(folder, "before", audio[rendered.start:resume]), "expect": {"reply": False}},
                  {"wav": _wav(folder, "after", audio[resume:rendered.end]), "expect": {"reply": True}}]
@@ -111,7 +112,7 @@ def judge(clip: spec.Clip, result: ScenarioResult, seconds: float = 0.0) -> Door
         return DoorCall(clip, bool(first.took_over), answer_ms=last.ttfb_ms, left_nothing=left_nothing,
                         seconds=seconds)
     if not last.agent_speaking_at_onset:
-        return DoorCall(clip, None, left_nothing=left_nothing, void="the agent was not speaking at the clip's onset",
+        return DoorCall(clip, None, left_nothing=left_nothing, void=NOT_SPEAKING,
                         seconds=seconds)
     cut = last.cut_response is not None
     interruption = clip.category == "interruption"

@@ -74,7 +74,7 @@ def run_door(args: argparse.Namespace) -> int:
                            ready_timeout=READY_TIMEOUT_S) as server:
             assert server.url is not None  # set once the server is ready, before the block runs
             way, calls = f"{args.door} ({config})", _play(args, server.url, clips)
-            if any(c.void and c.void.startswith(("connecting", "step", "waiting")) for c in calls):
+            if any(c.void not in (None, door.NOT_SPEAKING) for c in calls):
                 _say("a call failed; the server's last lines:\n" + "".join(server.output[-40:]))
     report = door_report.print_report(calls, way, args.corpus)
     report.update({"command": command, "part": args.corpus, "door": args.door, "way": way, "seed": args.seed,
