@@ -18,6 +18,7 @@ sentence; an interruption's words)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import tempfile
 import time
@@ -99,7 +100,9 @@ def scenario_of(clip: spec.Clip, rendered: Rendered, folder: Path, voice: str = 
                  {"wav": _wav(folder, "clip", audio[rendered.start:rendered.end]), "at": OVERLAP_AT,
                   "label": f"{clip.category}: {clip.variant}",
                   "expect": {"interrupts": clip.category == "interruption"}}]
-    return Scenario.model_validate({"name": clip.key, "steps": steps, "expect": {"max_false_interruptions": None}})
+    # hung up once judged: the rest of the reply would only cost time; every stage is checked empty after
+    return Scenario.model_validate({"name": clip.key, "steps": steps, "hang_up": "judged",
+                                    "expect": {"max_false_interruptions": None}})
 
 
 def judge(clip: spec.Clip, result: ScenarioResult, seconds: float = 0.0) -> DoorCall:
@@ -134,13 +137,16 @@ async def play(url: str, clips: list[spec.Clip], cache: Path, voice: str = PIPER
     calls: list[DoorCall] = []
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="duplex-door-") as tmp:
-        for n, clip in enumerate(clips, 1):
-            scenario = scenario_of(clip, render(cache, clip), Path(tmp) / str(n), voice)
-            started = time.monotonic()
-            recording = await run_scenario(scenario, url, exclusive=True)
-            call = judge(clip, measure(scenario, recording), time.monotonic() - started)
-            calls.append(call)
-            elapsed = time.monotonic() - began
-            progress(f"  call {n}/{len(clips)} ({elapsed / 60:.1f} min, about "
-                     f"{elapsed / n * (len(clips) - n) / 60:.1f} min to go) {clip.key}: {verdict(call)}")
+        try:
+            for n, clip in enumerate(clips, 1):
+                scenario = scenario_of(clip, render(cache, clip), Path(tmp) / str(n), voice)
+                started = time.monotonic()
+                recording = await run_scenario(scenario, url, exclusive=True)
+                call = judge(clip, measure(scenario, recording), time.monotonic() - started)
+                calls.append(call)
+                elapsed = time.monotonic() - began
+                progress(f"  call {n}/{len(clips)} ({elapsed / 60:.1f} min, about "
+                         f"{elapsed / n * (len(clips) - n) / 60:.1f} min to go) {clip.key}: {verdict(call)}")
+        except asyncio.CancelledError:  # SIGINT (asyncio.run cancels us): a long run reports the calls it made
+            progress(f"  stopped: the {len(calls)} calls made are reported, the one in flight is not")
     return calls
