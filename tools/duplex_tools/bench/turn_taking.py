@@ -17,7 +17,8 @@ made at run time) ``--rounds`` times per mode:
 - ``interruption``: a real interruption; the agent must yield and answer it.
 
 ``--corpus PART`` judges the synthetic corpus of many voices instead, in process
-(``duplex_tools.turn_corpus``); ``--train`` trains the learned decisions from it.
+(``duplex_tools.turn_corpus``); ``--train`` trains the learned decisions from it; with ``--door
+webrtc`` a stratified sample of it is played end to end, call by call (``turn_door.py``).
 
 Latencies: end of speech -> first agent audio (every answered question), onset -> agent silent
 (interruptions), interruption -> its answer, and a false onset's end -> the agent heard again.
@@ -35,6 +36,8 @@ from typing import Any
 from duplex.config.loader import load_pipeline
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools.bench.server_parts import Totals, add_parts, mean_parts_ms, read_parts
+from duplex_tools.bench.turn_door_cli import add_arguments as add_door_arguments
+from duplex_tools.bench.turn_door_cli import run_door
 from duplex_tools.harness import ServerProcess
 from duplex_tools.report import percentile, table, write_json
 from duplex_tools.scenario.measure import ScenarioResult, measure
@@ -159,7 +162,8 @@ class Category:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("turn-taking", help="take-over rates and latencies per turn-taking category, "
                                                 "barge-in that listens vs any onset interrupts")
-    parser.add_argument("--config", default="toy-voice", help="pipeline to serve (default: toy-voice)")
+    parser.add_argument("--config", help="pipeline to serve (default: toy-voice; with --corpus --door: local, "
+                                          "the real one)")
     parser.add_argument("--rounds", type=int, default=3, help="times each scenario is played per mode")
     parser.add_argument("--voice", default=PIPER, help="the caller's voice: piper (default; the local "
                         "pipeline's Piper voice) or an espeak-ng voice such as en-us")
@@ -176,6 +180,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--plot", help="write a PNG of the take-over rates and latencies here (with --corpus: "
                                        "a heat map of take-overs by variant x condition)")
     add_arguments(parser)
+    add_door_arguments(parser)
     parser.set_defaults(func=run, takes_overrides=False)
 
 
@@ -217,8 +222,11 @@ async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, Se
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.door is not None:
+        return run_door(args)
     if args.corpus is not None or args.train:
         return run_corpus(args)
+    args.config = args.config or "toy-voice"
     chosen_modes = modes([m for m in args.modes.split(",") if m], args.speculate_ms, _default_name(args.config))
     categories_played = _categories(args.categories)
     use_loopback_candidates(True)

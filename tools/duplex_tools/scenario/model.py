@@ -135,6 +135,11 @@ class Scenario(_Strict):
     known_issue: str | None = None
     session: dict | None = None  # Realtime session settings sent with the offer
     echo_gain: float = Field(0.0, ge=0, le=1)  # the agent's audio fed back into the microphone
+    # When the caller hangs up: ``quiet``, once the conversation is over (every reply played out,
+    # every stage checked empty before the hang-up); ``judged``, as soon as the last step's outcome
+    # is known (its window for a cut closed, or the first audio of its reply heard): the rest of
+    # the reply's playout is not waited for, and every stage is checked empty after the hang-up.
+    hang_up: Literal["quiet", "judged"] = "quiet"
     steps: list[Step] = Field(min_length=1)
     expect: ScenarioExpect = Field(default_factory=ScenarioExpect)
     source: Path | None = Field(None, exclude=True)

@@ -28,6 +28,7 @@ LOUD_RMS = 0.01  # agent audio at least this loud counts as speech heard
 AUDIO_TAIL_S = 2.0
 CANCEL_EVENTS = ("conversation.item.truncated", "output_audio_buffer.cleared")
 SETTLE_TIMEOUT_S = 40.0
+CUT_WINDOW_S = 1.5  # a cut belongs to a step until this long after its end and the end-of-turn silence
 
 
 class TriggerTimeout(RuntimeError):
@@ -94,6 +95,8 @@ class _ScenarioCall:
         if self.exclusive and recording.error is None:
             try:
                 await self.stats.wait_idle(timeout=10.0, no_sessions=True)
+                if recording.idle_at_end is None:  # hung up once judged: the check made after the hang-up
+                    recording.idle_at_end = True
             except (StatsError, httpx.HTTPError) as exc:
                 recording.idle_at_end = False
                 recording.idle_detail = f"after hang-up: {exc}"
@@ -117,7 +120,7 @@ class _ScenarioCall:
         clip = self.client.mic.play(samples, RATE)
         record.queued_at = time.monotonic()
         if record.playing_ids is not None:
-            until = record.queued_at + len(samples) / RATE + self.recording.silence_ms / 1000 + 1.5
+            until = record.queued_at + len(samples) / RATE + self.recording.silence_ms / 1000 + CUT_WINDOW_S
             self.watchers.append(asyncio.create_task(self._watch_release(record, until)))
         await asyncio.wait_for(clip.ended.wait(), timeout=len(samples) / RATE + 10.0)
         record.finished_at = time.monotonic()
@@ -208,6 +211,8 @@ class _ScenarioCall:
             since = max(states[-1][0] if states else 0.0, recording.steps[-1].finished_at)
             if idle and time.monotonic() - since >= quiet_s:
                 break
+            if self.scenario.hang_up == "judged" and self._judged():
+                return
             if time.monotonic() > deadline:
                 last = ", ".join(f"{at - recording.started_at:.2f} {_brief(e)}" for at, e in client.events[-16:])
                 raise TriggerTimeout(f"the conversation did not go quiet within {SETTLE_TIMEOUT_S:g} s "
@@ -222,6 +227,19 @@ class _ScenarioCall:
             except StatsError as exc:
                 recording.idle_at_end = False
                 recording.idle_detail = str(exc)
+
+
+    def _judged(self) -> bool:
+        """The last step's outcome is known: its window for a cut closed (as the release watcher
+        waits it out) and, unless it was meant to be talked through, a reply after it was heard."""
+        step, record = self.scenario.steps[-1], self.recording.steps[-1]
+        if time.monotonic() < record.finished_at + self.recording.silence_ms / 1000 + CUT_WINDOW_S:
+            return False
+        if step.expect.interrupts is False and not step.expect.reply:
+            return True
+        since = record.onset if record.onset is not None else record.queued_at
+        created = [at for at, e in self.client.events if at >= since and e.get("type") == "response.created"]
+        return bool(created) and any(h.at >= created[0] and h.rms > LOUD_RMS for h in reversed(self.client.heard))
 
 
 def _brief(event: dict) -> str:

@@ -59,7 +59,7 @@ class Settings:
     asr_ms: int = 200  # the overlap's final words arrive this long after its probe closes
 
 
-def _resumes_at(frames: Frames, pause_at: int) -> int:
+def resumes_at(frames: Frames, pause_at: int) -> int:
     """Stream ms of the first voiced frame after the pause (where the caller goes on)."""
     start = pause_at // 320 + 5
     later = [i for i in range(start, len(frames.voiced)) if frames.voiced[i]]
@@ -95,7 +95,7 @@ def _span(start: int | None, end: int | None) -> float | None:
 
 def _turn(clip: spec.Clip, frames: Frames, ears: Ears, settings: Settings, models: TurnModels | None,
           pause_at: int | None, end: int, examples: Examples) -> list[Outcome]:
-    resume_ms = _resumes_at(frames, pause_at) if pause_at is not None else None
+    resume_ms = resumes_at(frames, pause_at) if pause_at is not None else None
     end_ms = end // 16
 
     def outcome(way: str, decided_ms: int | None) -> Outcome:

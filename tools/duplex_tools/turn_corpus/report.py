@@ -87,8 +87,9 @@ def print_report(outcomes: list[Outcome], split: str) -> dict[str, Any]:
     return report
 
 
-def heat_map(outcomes: list[Outcome], path: Path, command: str) -> None:
-    """Take-over rate by variant (rows) x condition (columns), one panel per way."""
+def heat_map(outcomes: list[Outcome], path: Path, command: str,
+             categories: tuple[str, ...] = spec.CATEGORIES) -> None:
+    """Take-over rate by variant (rows) x condition (columns) of ``categories``, one panel per way."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,7 +97,7 @@ def heat_map(outcomes: list[Outcome], path: Path, command: str) -> None:
     import numpy as np
 
     ways = list(dict.fromkeys(o.way for o in outcomes))
-    rows = [(c, v) for c in spec.CATEGORIES for v in spec.variants(c)]
+    rows = [(c, v) for c in categories for v in spec.variants(c)]
     fig, axes = plt.subplots(1, len(ways), figsize=(4.2 * len(ways) + 2, 0.22 * len(rows) + 2.2), squeeze=False)
     for ax, way in zip(axes[0], ways):
         cells = grouped([o for o in outcomes if o.way == way], lambda o: (o.clip.category, o.clip.variant,

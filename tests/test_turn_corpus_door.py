@@ -1,0 +1,97 @@
+"""The corpus played end to end through a door (``duplex bench turn-taking --corpus PART --door
+webrtc``): a stratified, seeded sample, and corpus clips played by a real aiortc peer against a
+real `duplex serve --config toy-voice` (its reply is the same fixed sentence on any CPU, long
+enough to be interrupted; its turns end by silence; its barge-in listens), judged as the
+in-process evaluation judges them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from duplex_tools.bench import turn_door as door
+from duplex_tools.bench import turn_door_report as door_report
+from duplex_tools.harness import ServerProcess, server_stats
+from duplex_tools.turn_corpus import spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEAKER = spec.SPEAKERS[0]  # an espeak-ng voice with no pitch shift: made without sox or Piper
+assert SPEAKER.synth == "espeak" and not SPEAKER.shift_cents
+
+
+def test_the_sample_is_stratified_seeded_and_spreads_under_a_limit():
+    clips = door.sample("held-out", 2, seed=7)
+    cells = Counter((c.category, c.variant, door.CONDITION_CLASSES[c.condition]) for c in clips)
+    variants = sum(len(spec.variants(c)) for c in door.CATEGORIES)
+    assert len(cells) == variants * 4 and set(cells.values()) == {2}  # every (variant, condition class) twice
+    assert {c.speaker.part for c in clips} == {"held-out"}
+    assert clips == door.sample("held-out", 2, seed=7) and clips != door.sample("held-out", 2, seed=8)
+    first = clips[:len(cells)]  # every cell's first call before any cell's second
+    assert len({(c.category, c.variant, door.CONDITION_CLASSES[c.condition]) for c in first}) == len(cells)
+    # the two calls of a cell are different clips
+    assert len(set(clips)) == len(clips)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback"], cwd=str(ROOT)) as proc:
+        yield proc
+    assert proc.stop() == 0, "".join(proc.output[-30:])
+
+
+def needs_a_server(test):
+    marks = (pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.usefixtures("loopback_candidates"),
+             pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed"))
+    for mark in marks:
+        test = mark(test)
+    return test
+
+
+@needs_a_server
+def test_corpus_clips_play_end_to_end_through_webrtc(server, tmp_path: Path):
+    clips = [spec.Clip("interruption", "ask else", "clean", SPEAKER),
+             spec.Clip("backchannel", "uh-huh", "clean", SPEAKER),
+             spec.Clip("pause", "after a", "clean", SPEAKER)]
+    calls = asyncio.run(door.play(server.url, clips, tmp_path / "cache", voice="en-us"))
+    stats = server_stats(server.url)
+    judged = {c.clip.category: c for c in calls}
+    assert [c.void for c in calls] == [None] * 3, [c.void for c in calls]
+    interruption = judged["interruption"]
+    assert interruption.takeover is True  # the reply was cut ...
+    assert interruption.stop_ms is not None and interruption.stop_ms < 1000  # ... and went silent at the client
+    assert interruption.answer_ms is not None  # and the interruption was answered
+    assert judged["backchannel"].takeover is False  # the reply played on through "uh-huh"
+    # toy-voice's turns end after 500 ms of silence: the clip's 1.2 s pause ended the turn before
+    # the caller went on (the door sees a take-over where the in-process silence rule does)
+    assert judged["pause"].takeover is True and judged["pause"].answer_ms is not None
+    assert all(c.left_nothing for c in calls)
+    assert stats["sessions"]["live"] == 0  # every call hung up, no session leaked
+    report = json.loads(json.dumps(door_report.summary(calls, "webrtc (toy-voice)")))
+    assert list(report["categories"]) == ["pause", "backchannel", "interruption"]
+    assert report["categories"]["interruption"]["rate"] == 1.0
+    assert report["categories"]["backchannel"]["by_class"]["clean"] == 0.0
+    assert report["left_state_behind"] == 0
+
+
+@needs_a_server
+def test_the_command_plays_its_sample_and_writes_its_report(server, tmp_path: Path):
+    out = tmp_path / "door.json"
+    run = subprocess.run([sys.executable, "-m", "duplex.cli", "bench", "turn-taking", "--corpus", "dev", "--door",
+                          "webrtc", "--url", server.url, "--categories", "noise", "--limit", "1", "--voice", "en-us",
+                          "--cache", str(tmp_path / "cache"), "--json", str(out), "--plot", str(tmp_path / "heat.png")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "call 1/1" in run.stderr and "take-over rate" in run.stdout
+    report = json.loads(out.read_text())
+    [call] = report["calls"]
+    assert call["category"] == "noise" and call["speaker"] in {s.name for s in spec.speakers_of("dev")}
+    assert call["void"] is None and call["left_nothing"] is True
+    assert report["categories"]["noise"]["calls"] == 1 and report["left_state_behind"] == 0
+    assert (tmp_path / "heat.png").read_bytes()[:4] == b"\x89PNG"
