@@ -11,10 +11,11 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from duplex.runtime.contract import Transcript, TurnRequest, WorkItem
+from tests.fake_http import FakeHttpServer, request_body, respond
 
 REPLY = ["Sure,", " one", " taro", " tea."]
 TRANSFER_TARGET = "sip:desk@127.0.0.1:5099"
@@ -26,41 +27,19 @@ def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-class TinyEngine:
+class TinyEngine(FakeHttpServer):
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[dict[str, Any]] = []
         self.disconnected = threading.Event()
-        self._release = threading.Event()  # ends stalls at shutdown
-        engine = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                engine.requests.append(body)
-                mode = self.path.strip("/").split("/")[0]
-                getattr(engine, f"_{mode}")(self)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    def on_post(self, handler: BaseHTTPRequestHandler) -> None:
+        self.requests.append(json.loads(request_body(handler) or b"{}"))
+        mode = handler.path.strip("/").split("/")[0]
+        getattr(self, f"_{mode}")(handler)
 
     def url(self, mode: str) -> str:
         return f"http://127.0.0.1:{self.port}/{mode}/v1"
-
-    def __enter__(self) -> TinyEngine:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._release.set()
-        self._server.shutdown()
-        self._server.server_close()
 
     # -- behaviours -------------------------------------------------------------------------------
     @staticmethod
@@ -87,11 +66,7 @@ class TinyEngine:
 
     def _status(self, handler: BaseHTTPRequestHandler, code: int) -> None:
         body = json.dumps({"error": {"message": f"tiny engine says {code}", "type": "test", "code": code}}).encode()
-        handler.send_response(code)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+        respond(handler, code, "application/json", body)
 
     def _status500(self, handler: BaseHTTPRequestHandler) -> None:
         self._status(handler, 500)
@@ -164,12 +139,7 @@ class TinyEngine:
 
     def _orders(self, handler: BaseHTTPRequestHandler) -> None:
         """The shop's order system (a server-side tool's URL)."""
-        body = b"42"
-        handler.send_response(200)
-        handler.send_header("Content-Type", "text/plain")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+        respond(handler, 200, "text/plain", b"42")
 
     def _slow(self, handler: BaseHTTPRequestHandler) -> None:
         self._release.wait(60)

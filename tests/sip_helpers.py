@@ -163,6 +163,12 @@ class RtpPhone:
         self._ts += 160
         self.sock.sendto(packet.serialize(), to)
 
+    def last_loud_at(self, rms: float = 300.0) -> float | None:
+        """When the server's last loud PCMU packet arrived (monotonic), if any did; ``rms`` on the
+        16-bit scale sits well above a line's silence and well below speech."""
+        loud = [at for at, p in self.packets if p.payload_type == 0 and _pcmu_rms(p.payload) > rms]
+        return max(loud) if loud else None
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -238,3 +244,8 @@ async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") 
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+def _pcmu_rms(payload: bytes) -> float:
+    samples = g711.decode(payload, "PCMU").astype(np.float64)
+    return float(np.sqrt(np.mean(samples ** 2)))

@@ -10,6 +10,9 @@ import json
 import socket
 import struct
 import threading
+from http.server import BaseHTTPRequestHandler
+
+from tests.fake_http import FakeHttpServer, head, request_body, respond
 
 _AUDIO_START = {"type": "audio-start", "data": {"rate": 22050, "width": 2, "channels": 1}}
 
@@ -88,52 +91,27 @@ class FakeWyoming:
             conn.close()
 
 
-class FakeTranscriptions:
+class FakeTranscriptions(FakeHttpServer):
     """An OpenAI-compatible ``/v1/audio/transcriptions`` that misbehaves: ``stall`` (never
     answers), ``garbage`` (200 with a body that is no transcription), ``status500`` (an error
     with a message)."""
 
     def __init__(self, mode: str) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        fake = self
+        super().__init__()
         self.mode = mode
-        self._release = threading.Event()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if fake.mode == "stall":
-                    fake._release.wait(60)
-                    return
-                status, body = (200, b"<html>not json</html>") if fake.mode == "garbage" else \
-                    (500, b'{"error": {"message": "the fake is broken"}}')
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def __enter__(self) -> FakeTranscriptions:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._release.set()
-        self._server.shutdown()
-        self._server.server_close()
+    def on_post(self, handler: BaseHTTPRequestHandler) -> None:
+        request_body(handler)
+        if self.mode == "stall":
+            self._release.wait(60)
+        elif self.mode == "garbage":
+            respond(handler, 200, "text/html", b"<html>not json</html>")
+        else:
+            respond(handler, 500, "application/json", b'{"error": {"message": "the fake is broken"}}')
 
 
-class FakeSpeech:
+class FakeSpeech(FakeHttpServer):
     """An OpenAI-compatible ``/v1/audio/speech`` that misbehaves: ``stall`` (sends the headers and
     a little audio, then nothing), ``garbage`` (200 with a web page), ``notwav`` (an audio type
     whose body is no WAV), ``rate`` (a WAV at 1 MHz), ``hangup`` (promises more audio than it
@@ -142,91 +120,39 @@ class FakeSpeech:
     little audio. Each connection is counted while it is open (``open_connections``)."""
 
     def __init__(self, mode: str) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        fake = self
+        super().__init__()
         self.mode = mode
         self.requests: list[dict] = []
-        self._release = threading.Event()
-        self._lock = threading.Lock()
-        self._open = 0
+        self.url = f"http://127.0.0.1:{self.port}/v1"
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def on_get(self, handler: BaseHTTPRequestHandler) -> None:
+        if self.mode == "voices" and handler.path == "/v1/audio/voices":
+            respond(handler, 200, "application/json", b'{"voices": ["af_bella", "am_adam"]}')
+        else:
+            super().on_get(handler)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def setup(self) -> None:
-                super().setup()
-                with fake._lock:
-                    fake._open += 1
-
-            def finish(self) -> None:
-                try:
-                    super().finish()
-                finally:
-                    with fake._lock:
-                        fake._open -= 1
-
-            def do_GET(self) -> None:
-                if fake.mode == "voices" and self.path == "/v1/audio/voices":
-                    self._send(200, "application/json", b'{"voices": ["af_bella", "am_adam"]}')
-                else:
-                    self._send(404, "application/json", b'{"detail": "Not Found"}')
-
-            def do_POST(self) -> None:
-                with fake._lock:
-                    fake.requests.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
-                pcm = b"\x00\x10" * 2400  # 0.1 s at 24 kHz
-                if fake.mode == "stall":
-                    self._head(200, "audio/pcm", len(pcm) * 10)
-                    self.wfile.write(pcm)
-                    self.wfile.flush()
-                    while not fake._release.is_set() and self.rfile.read(1):  # until the client hangs up
-                        pass
-                elif fake.mode == "hangup":
-                    self._head(200, "audio/pcm", len(pcm) * 10)
-                    self.wfile.write(pcm)
-                    self.close_connection = True
-                elif fake.mode == "voices":
-                    self._send(200, "audio/pcm", pcm)
-                elif fake.mode == "garbage":
-                    self._send(200, "text/html", b"<html>not audio</html>")
-                elif fake.mode == "notwav":
-                    self._send(200, "audio/wav", b"this is not a wav file at all")
-                elif fake.mode == "rate":
-                    fmt = struct.pack("<HHIIHH", 1, 1, 1_000_000, 2_000_000, 2, 16)
-                    self._send(200, "audio/wav", b"RIFF\xff\xff\xff\xffWAVEfmt " + struct.pack("<I", 16) + fmt
-                               + b"data\xff\xff\xff\xff" + pcm)
-                else:
-                    self._send(500, "application/json", b'{"error": {"message": "the fake is broken"}}')
-
-            def _head(self, status: int, kind: str, length: int) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(length))
-                self.end_headers()
-
-            def _send(self, status: int, kind: str, body: bytes) -> None:
-                self._head(status, kind, len(body))
-                self.wfile.write(body)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def open_connections(self) -> int:
+    def on_post(self, handler: BaseHTTPRequestHandler) -> None:
         with self._lock:
-            return self._open
-
-    def __enter__(self) -> FakeSpeech:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._release.set()
-        self._server.shutdown()
-        self._server.server_close()
+            self.requests.append(json.loads(request_body(handler)))
+        pcm = b"\x00\x10" * 2400  # 0.1 s at 24 kHz
+        if self.mode in ("stall", "hangup"):
+            head(handler, 200, "audio/pcm", len(pcm) * 10)
+            handler.wfile.write(pcm)
+            if self.mode == "hangup":
+                handler.close_connection = True
+                return
+            handler.wfile.flush()
+            while not self._release.is_set() and handler.rfile.read(1):  # until the client hangs up
+                pass
+        elif self.mode == "voices":
+            respond(handler, 200, "audio/pcm", pcm)
+        elif self.mode == "garbage":
+            respond(handler, 200, "text/html", b"<html>not audio</html>")
+        elif self.mode == "notwav":
+            respond(handler, 200, "audio/wav", b"this is not a wav file at all")
+        elif self.mode == "rate":
+            fmt = struct.pack("<HHIIHH", 1, 1, 1_000_000, 2_000_000, 2, 16)
+            respond(handler, 200, "audio/wav", b"RIFF\xff\xff\xff\xffWAVEfmt " + struct.pack("<I", 16) + fmt
+                    + b"data\xff\xff\xff\xff" + pcm)
+        else:
+            respond(handler, 500, "application/json", b'{"error": {"message": "the fake is broken"}}')

@@ -24,13 +24,12 @@ from duplex.models.speech.openai_tts import OpenAITTS, SpeechFormat
 from duplex.models.speech.phrasing import TTSSettings
 from duplex.runtime.contract import AgentAudio, AgentText, TurnRequest, WorkItem
 from duplex.runtime.schedulers.stream import StreamScheduler
-from duplex_tools.harness import ServerProcess, server_stats
 from duplex_tools.speech_servers import STUDIO_KEY, WyomingServer, free_port, speech_available
-from duplex_tools.ws_client import RATE, WsCaller
 from tests.engine_helpers import TinyEngine
-from tests.local_helpers import ORDER, speak, wait_until, word_recall
+from tests.local_helpers import wait_until, word_recall
 from tests.speech_fakes import FakeSpeech
 from tests.test_wyoming_stages import REPLY, _collect, _text
+from tests.tts_checks import abort_closes_the_stream, serve_answers_an_order
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PIPER_RATE = 22050  # the joe voice's; local-tts-studio's pcm is at the voice's rate, its wav says so
@@ -89,22 +88,7 @@ async def test_a_voice_goes_through_where_the_server_lists_none(studio):
 
 
 async def test_an_abort_closes_the_tts_stream_at_once(studio):
-    stage = StageConfig(name="tts", builder="openai.tts", scheduler="stream")
-    scheduler = StreamScheduler(stage, _tts(studio.url))
-    scheduler.start()
-    try:
-        request = TurnRequest(session_id="o4")
-        long_reply = " ".join(["Sure, we have classic milk tea, taro, matcha, brown sugar and mango."] * 8)
-        scheduler.inbox.put(WorkItem("ra", "thinker", AgentText(long_reply), True, request))
-        deadline = time.monotonic() + 60
-        while not any(isinstance(e.data, AgentAudio) for e in scheduler.outbox.drain()):
-            assert time.monotonic() < deadline, "no audio from the server"
-            await asyncio.sleep(0.01)
-        scheduler.abort("ra")
-        wait_until(lambda: not scheduler.live_requests(), timeout=5, what="the request ended")
-        assert scheduler.resources()["open_streams"] == 0
-    finally:
-        scheduler.stop()
+    await abort_closes_the_stream("openai.tts", _tts(studio.url))
 
 
 async def test_an_abort_mid_answer_closes_the_connection_the_server_streams_into():
@@ -177,21 +161,9 @@ async def test_a_refused_connection_names_the_server():
 async def test_serve_with_an_openai_tts_server(studio, monkeypatch):
     """``duplex serve --config engine --tts http://...``: the engine's thinker, Whisper in process."""
     monkeypatch.setenv("DUPLEX_TTS_API_KEY", STUDIO_KEY)  # the server process inherits it
-    order = np.concatenate([speak(ORDER, rate=RATE), np.zeros(RATE, np.float32)])
-    with TinyEngine() as engine, ServerProcess(
-            ["--config", "engine", "--tts", studio.url, "--tts.args.response_format", "wav",
-             "--llm", engine.url("ok"), "--llm-model", "tiny", "--port", "0", "--max-sessions", "1"],
-            ready_timeout=300) as proc:
-        async with WsCaller(proc.url) as caller:
-            caller.say(order)
-            heard = await caller.wait("conversation.item.input_audio_transcription.completed", timeout=60)
-            response = (await caller.wait("response.created", timeout=60)).response
-            done = await caller.wait("response.done", timeout=60, after=caller.time_of(heard))
-            assert done.response.status == "completed", done
-            assert len(caller.audio_of(response.id)) > RATE // 2, "less than half a second of reply audio"
-        stats = await asyncio.to_thread(server_stats, proc.url)
-        assert stats["stages"]["tts"]["resources"]["open_streams"] == 0
-        assert proc.stop() == 0, "".join(proc.output[-30:])
+    with TinyEngine() as engine:
+        await serve_answers_an_order(["--config", "engine", "--tts", studio.url, "--tts.args.response_format", "wav",
+                                      "--llm", engine.url("ok"), "--llm-model", "tiny"])
 
 
 # -- a server that dies mid-reply (kills the module's server: keep this last) -------------------

@@ -24,6 +24,7 @@ from duplex_tools.speech_servers import WyomingServer, speech_available
 from duplex_tools.ws_client import RATE, WsCaller
 from tests.engine_helpers import TinyEngine
 from tests.local_helpers import INTERRUPTION, ORDER, speak, word_recall
+from tests.tts_checks import serve_answers_an_order
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -133,23 +134,11 @@ async def test_an_unknown_voice_is_an_error_naming_the_voices_offered(stack):
         assert "nobody" in error.error.message and "en_US-joe-medium" in error.error.message, error
 
 
-async def test_a_mix_local_asr_engine_thinker_and_a_tts_server(stack, voices):
+async def test_a_mix_local_asr_engine_thinker_and_a_tts_server(stack):
     """``--config engine --tts tcp://...``: Whisper in process, the engine's thinker, Piper on its server."""
     _, piper, engine, _ = stack
-    args = ["--config", "engine", "--tts", piper.url, "--llm", engine.url("ok"), "--llm-model", "tiny",
-            "--port", "0", "--max-sessions", "1"]
-    with ServerProcess(args, ready_timeout=300) as proc:
-        async with WsCaller(proc.url) as caller:
-            caller.say(voices["order"])
-            heard = await caller.wait("conversation.item.input_audio_transcription.completed", timeout=60)
-            assert word_recall(ORDER, heard.transcript) >= 0.8, heard.transcript
-            response = (await caller.wait("response.created", timeout=60)).response
-            done = await caller.wait("response.done", timeout=60, after=caller.time_of(heard))
-            assert done.response.status == "completed", done
-            assert len(caller.audio_of(response.id)) > RATE // 2, "less than half a second of reply audio"
-        stats = await asyncio.to_thread(server_stats, proc.url)
-        assert stats["stages"]["tts"]["resources"]["open_streams"] == 0
-    assert proc.stop() == 0, "".join(proc.output[-30:])
+    await serve_answers_an_order(["--config", "engine", "--tts", piper.url, "--llm", engine.url("ok"),
+                                  "--llm-model", "tiny"])
 
 
 async def test_an_asr_server_killed_mid_turn_is_an_error_and_the_next_turn_is_heard(stack, voices):

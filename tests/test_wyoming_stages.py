@@ -34,6 +34,7 @@ from duplex.runtime.schedulers.stream import StreamScheduler
 from duplex_tools.speech_servers import WyomingServer, free_port, speech_available
 from tests.local_helpers import ORDER, caller_audio, chunks, silence, speak, wait_until, word_recall
 from tests.speech_fakes import FakeWyoming
+from tests.tts_checks import abort_closes_the_stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 REPLY = ["Sure,", " one", " large", " taro", " milk", " tea.", " Anything", " else?"]
@@ -147,25 +148,7 @@ async def test_an_unknown_voice_is_refused_naming_the_voices_offered(piper):
 
 
 async def test_an_abort_closes_the_tts_stream_at_once(piper):
-    stage = StageConfig(name="tts", builder="wyoming.tts", scheduler="stream")
-    scheduler = StreamScheduler(stage, _tts(piper.url))
-    scheduler.start()
-    try:
-        request = TurnRequest(session_id="s7")
-        long_reply = " ".join(["Sure, we have classic milk tea, taro, matcha, brown sugar and mango."] * 8)
-        scheduler.inbox.put(WorkItem("ra", "thinker", AgentText(long_reply), True, request))
-        deadline = time.monotonic() + 60
-        while not any(isinstance(e.data, AgentAudio) for e in scheduler.outbox.drain()):
-            assert time.monotonic() < deadline, "no audio from piper"
-            await asyncio.sleep(0.01)
-        assert scheduler.resources()["open_streams"] == 1
-        aborted = time.monotonic()
-        scheduler.abort("ra")
-        wait_until(lambda: scheduler.resources()["open_streams"] == 0, timeout=5, what="the stream closed")
-        assert time.monotonic() - aborted < 1.0
-        assert not scheduler.live_requests()
-    finally:
-        scheduler.stop()
+    await abort_closes_the_stream("wyoming.tts", _tts(piper.url), open_at_first_audio=True)
 
 
 async def test_an_aborted_turn_closes_its_asr_connections():

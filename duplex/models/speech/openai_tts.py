@@ -32,7 +32,7 @@ from duplex.models.speech import phrasing
 from duplex.models.speech.client import ServiceError
 from duplex.models.speech.phrasing import TTSSettings
 from duplex.models.speech.speech_audio import audio_decoder
-from duplex.runtime.contract import AgentAudio, Request, TurnRequest, WorkItem
+from duplex.runtime.contract import AgentAudio, Request, WorkItem
 
 log = logging.getLogger("duplex.openai_tts")
 _LISTED = 256  # voices named in an unknown-voice error
@@ -67,13 +67,12 @@ class OpenAITTS:
         return {"open_streams": self._streams}
 
     async def run(self, request_id: str, request: Request, inputs: AsyncIterator[WorkItem]) -> AsyncIterator[Any]:
-        if not isinstance(request, TurnRequest) or not request.output_audio:
-            async for _ in inputs:  # nothing to voice (a session's end, a text-only reply)
-                pass
+        turn = await phrasing.turn_to_voice(request, inputs)
+        if turn is None:
             return
-        voice = request.voice or self.speech.voice
-        if request.voice:
-            await self._check_voice(request.voice)
+        voice = turn.voice or self.speech.voice
+        if turn.voice:
+            await self._check_voice(turn.voice)
         start = await phrasing.first_phrase(self.settings, inputs)
         if start is None:
             return  # the reply had nothing speakable
@@ -89,9 +88,8 @@ class OpenAITTS:
                     text = ""
             await cutter
         finally:
-            if not cutter.done():
-                cutter.cancel()
-                await asyncio.gather(cutter, return_exceptions=True)
+            cutter.cancel()  # collected even when done: its fault may be the one not raised
+            await asyncio.gather(cutter, return_exceptions=True)
             log.debug("request %s: tts done with %s", request_id, self.base_url)
 
     def _client(self) -> httpx.AsyncClient:

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from duplex.runtime.contract import AgentText, PhraseSplitter, WorkItem
+from duplex.runtime.contract import AgentText, PhraseSplitter, Request, TurnRequest, WorkItem
 
 
 @dataclass(frozen=True)
@@ -60,3 +60,13 @@ async def next_phrase(queue: asyncio.Queue[str | None], sender: asyncio.Task[Non
         return getter.result()
     sender.result()  # raises the sender's error
     return await queue.get()  # the sender ended: its end marker is queued
+
+
+async def turn_to_voice(request: Request, inputs: AsyncIterator[WorkItem]) -> TurnRequest | None:
+    """The turn whose reply is to be voiced; else None, once ``inputs`` is drained (a session's
+    end, a text-only reply: the stage must still consume what the thinker sends)."""
+    if isinstance(request, TurnRequest) and request.output_audio:
+        return request
+    async for _ in inputs:
+        pass
+    return None

@@ -29,7 +29,7 @@ from wyoming.tts import Synthesize, SynthesizeVoice
 from duplex.models.speech import phrasing
 from duplex.models.speech.client import Connection, Endpoint, ServiceError, chunk_samples
 from duplex.models.speech.phrasing import Start, TTSSettings
-from duplex.runtime.contract import AgentAudio, Request, TurnRequest, WorkItem
+from duplex.runtime.contract import AgentAudio, Request, WorkItem
 
 __all__ = ["TTSSettings", "WyomingTTS"]
 
@@ -47,12 +47,11 @@ class WyomingTTS:
         return {"open_streams": self._streams}
 
     async def run(self, request_id: str, request: Request, inputs: AsyncIterator[WorkItem]) -> AsyncIterator[Any]:
-        if not isinstance(request, TurnRequest) or not request.output_audio:
-            async for _ in inputs:  # nothing to voice (a session's end, a text-only reply)
-                pass
+        turn = await phrasing.turn_to_voice(request, inputs)
+        if turn is None:
             return
-        if request.voice:
-            await self._check_voice(request.voice)
+        if turn.voice:
+            await self._check_voice(turn.voice)
         phrases: asyncio.Queue[str | None] = asyncio.Queue()
         connection: Connection | None = None
         sender: asyncio.Task[None] | None = None
@@ -61,7 +60,7 @@ class WyomingTTS:
             if start is None:
                 return  # the reply had nothing speakable
             connection = await self._open()
-            sender = asyncio.create_task(self._send(connection, request.voice, start, inputs, phrases))
+            sender = asyncio.create_task(self._send(connection, turn.voice, start, inputs, phrases))
             async for audio in self._receive(connection, phrases, sender):
                 yield audio
             await sender
@@ -70,7 +69,7 @@ class WyomingTTS:
                 self._streams -= 1
                 await connection.close()
                 log.debug("request %s: tts stream to %s closed", request_id, self.endpoint.url)
-            if sender is not None and not sender.done():
+            if sender is not None:  # collected even when done: its fault may be the one not raised
                 sender.cancel()
                 await asyncio.gather(sender, return_exceptions=True)
 
