@@ -23,6 +23,10 @@ class BargeIn:
     status: str  # response.done status of the interrupted response
 
 
+class TooShort(TimeoutError):
+    """The reply ended (or stalled) before as much of it was heard as asked."""
+
+
 async def ask(client: RealtimeClient, question: np.ndarray, timeout: float = 20.0) -> dict:
     """Say ``question``; return the ``response.created`` event of the reply to it."""
     start = time.monotonic()
@@ -36,7 +40,7 @@ async def hear(client: RealtimeClient, since: float, seconds: float, timeout: fl
     deadline = time.monotonic() + timeout
     while len(client.loud_frames(since)) * FRAME_S < seconds:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"less than {seconds} s of agent audio within {timeout} s")
+            raise TooShort(f"less than {seconds} s of agent audio within {timeout} s")
         await asyncio.sleep(FRAME_S)
 
 

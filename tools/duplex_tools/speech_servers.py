@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -127,6 +128,7 @@ class WyomingServer:
         self._dir = tempfile.TemporaryDirectory(prefix=f"duplex-{name}-")
         self.log_path = Path(self._dir.name) / f"{name}.log"
         self.env: dict[str, str] = {}
+        self.python: str | None = None  # None: the speech servers' venv
 
     @classmethod
     def whisper(cls, model_dir: Path, **kwargs: object) -> WyomingServer:
@@ -140,6 +142,15 @@ class WyomingServer:
         """faster-whisper-server: ``POST /v1/audio/transcriptions`` (OpenAI-compatible)."""
         return cls("faster_whisper_server", [str(model_dir), "--host", "127.0.0.1"], openai=True,
                    **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def duplex_whisper(cls, hint: str = "", max_audio_s: float | None = None, **kwargs: object) -> WyomingServer:
+        """duplex's own recogniser over Wyoming (``duplex model asr-server``: the same Whisper-base,
+        its window fitted to the utterance), run by this Python, not the speech servers' venv."""
+        args = ["--hint", hint] + (["--max-audio-s", str(max_audio_s)] if max_audio_s is not None else [])
+        server = cls("duplex_asr_server", args, **kwargs)  # type: ignore[arg-type]
+        server.python = sys.executable
+        return server
 
     @classmethod
     def piper(cls, **kwargs: object) -> WyomingServer:
@@ -174,7 +185,9 @@ class WyomingServer:
         self._dir.cleanup()
 
     def command(self) -> list[str]:
-        python = str(speech_venv() / "bin" / "python")
+        python = self.python or str(speech_venv() / "bin" / "python")
+        if self.name == "duplex_asr_server":
+            return [python, "-m", "duplex", "model", "asr-server", "--uri", self.url, *self.args]
         if self.openai:
             return [python, "-m", self.name, *self.args, "--port", str(self.port)]
         data = ["--data-dir", str(Path(self._dir.name) / "data")] if "--data-dir" not in self.args else []

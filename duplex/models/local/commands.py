@@ -1,11 +1,12 @@
-"""`duplex model prepare-local`: build the local pipeline's model cache ahead of the first serve."""
+"""`duplex model prepare-local`: build the local pipeline's model cache ahead of the first serve;
+`duplex model asr-server`: its recogniser as a Wyoming server (``asr_server``)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from duplex.models.local import assets
+from duplex.models.local import asr_server, assets
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -13,6 +14,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--cache-dir",
                         help=f"where prepared models live (default: $DUPLEX_CACHE or {assets.cache_dir()})")
     parser.set_defaults(func=run, takes_overrides=False)
+    asr_server.add_parser(sub)
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:

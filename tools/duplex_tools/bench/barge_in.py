@@ -9,6 +9,11 @@ stock audio jitter buffer (both ends), one server each.
 ``--compare metrics``: the cost of watching the server instead: metrics on (the per-call
 instruments, and ``/metrics`` scraped every 0.5 s as a Prometheus would) against ``--no-metrics``,
 our receive path both times.
+
+``--compare speech-servers``: the ``local`` pipeline (or ``--config``) with its Whisper and Piper
+in process against the same pipeline with ``--asr`` / ``--tts`` on real Wyoming servers
+(wyoming-faster-whisper and wyoming-piper on the same model and voice, ``scripts/setup_speech.sh``),
+started here on loopback and sharing this machine's cores.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import httpx
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools.client import RealtimeClient
 from duplex_tools.harness import ServerProcess, espeak
-from duplex_tools.probes import ask, barge_in, next_response
+from duplex_tools.probes import TooShort, ask, barge_in, next_response
 from duplex_tools.report import percentile, table, write_json
 
 VARIANTS = {"arrival-order receive (ours)": True, "aiortc stock jitter buffer": False}
@@ -31,20 +36,25 @@ VARIANTS = {"arrival-order receive (ours)": True, "aiortc stock jitter buffer": 
 METRICS_VARIANTS = {"metrics on (scraped every 0.5 s)": ([], True),
                     "metrics off (--no-metrics)": (["--no-metrics"], False)}
 SCRAPE_S = 0.5
+FRESH_CALL_TRIES = 3  # per round: a model's first reply may end before it can be cut
+# a question every pipeline answers at length (the local persona sells bubble tea; toy-voice talks on)
+QUESTION = "Could you tell me what toppings you have and what they cost"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("barge-in", help="barge-in stop time at a WebRTC client, ours vs stock receive")
-    parser.add_argument("--config", default="toy-voice", help="pipeline to serve (default: toy-voice)")
+    parser.add_argument("--config", default=None,
+                        help="pipeline to serve (default: toy-voice; local with --compare speech-servers)")
     parser.add_argument("--rounds", type=int, default=10, help="barge-ins per variant")
-    parser.add_argument("--compare", choices=("receive", "metrics"), default="receive",
-                        help="receive: our receive path vs aiortc's stock one; metrics: metrics on vs off")
+    parser.add_argument("--compare", choices=("receive", "metrics", "speech-servers"), default="receive",
+                        help="receive: our receive path vs aiortc's stock one; metrics: metrics on vs off; "
+                             "speech-servers: ASR and TTS in process vs on Wyoming servers")
     parser.add_argument("--json", dest="json_path", help="write results here")
     parser.set_defaults(func=run, takes_overrides=False)
 
 
 async def measure(url: str, rounds: int, low_latency: bool, progress: bool = True) -> list[dict]:
-    question = espeak("Could you tell me what time it is")
+    question = espeak(QUESTION)
     interruption = espeak("Wait, stop")
     client = RealtimeClient(url, low_latency=low_latency)
     await client.connect()
@@ -61,6 +71,33 @@ async def measure(url: str, rounds: int, low_latency: bool, progress: bool = Tru
             response_id = (await next_response(client, after=client.time_of(cancelled)))["response"]["id"]
     finally:
         await client.hang_up()
+    return results
+
+
+async def measure_fresh_calls(url: str, rounds: int) -> list[dict]:
+    """One call per round: ask, cut the first reply, hang up. A real model's reply to being cut
+    depends on the conversation so far (it may be a few words), so each round starts from none;
+    a first reply too short to cut is asked again on a new call (bounded)."""
+    question, interruption = espeak(QUESTION), espeak("Wait, stop")
+    results = []
+    for i in range(rounds):
+        for _ in range(FRESH_CALL_TRIES):
+            client = RealtimeClient(url, low_latency=True)
+            await client.connect()
+            try:
+                response_id = (await ask(client, question))["response"]["id"]
+                result = await barge_in(client, response_id, interruption)
+                break
+            except TooShort as short:
+                print(f"  round {i + 1}: the reply was too short to cut ({short}); a new call", file=sys.stderr,
+                      flush=True)
+            finally:
+                await client.hang_up()
+        else:
+            raise RuntimeError(f"{FRESH_CALL_TRIES} first replies in a row were too short to barge into")
+        results.append({"stop_ms": result.stop_ms, "server_ms": result.server_ms,
+                        "audio_end_ms": result.audio_end_ms, "status": result.status})
+        print(f"  round {i + 1}/{rounds}: stop {result.stop_ms:.0f} ms", file=sys.stderr, flush=True)
     return results
 
 
@@ -87,6 +124,8 @@ async def _measure_scraped(url: str, rounds: int, scrape: bool) -> list[dict]:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     use_loopback_candidates(True)
+    if args.config is None:
+        args.config = "local" if args.compare == "speech-servers" else "toy-voice"
     report: dict = {"config": args.config, "rounds": args.rounds, "compare": args.compare, "variants": {},
                     "json_path": args.json_path}
     base = ["--config", args.config, "--port", "0", "--ice-loopback"]
@@ -97,6 +136,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
                 assert server.url is not None
                 report["variants"][name] = asyncio.run(_measure_scraped(server.url, args.rounds, scrape))
         return _report(report, "server", "metrics off / on (p50)")
+    if args.compare == "speech-servers":
+        return _speech_servers(args, base, report)
     for name, low_latency in VARIANTS.items():
         flags = list(base)
         if not low_latency:
@@ -106,6 +147,24 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
             assert server.url is not None
             report["variants"][name] = asyncio.run(measure(server.url, args.rounds, low_latency))
     return _report(report, "receive path", "stock / ours (p50)")
+
+
+def _speech_servers(args: argparse.Namespace, base: list[str], report: dict) -> int:
+    from duplex.models.local import assets
+    from duplex_tools.speech_servers import WyomingServer, speech_available
+
+    missing = speech_available()
+    if missing:
+        raise SystemExit(missing)
+    assets.prepare_all()
+    with WyomingServer.whisper(assets.prepare_whisper()) as whisper, WyomingServer.piper() as piper:
+        variants = {"speech in process": [], "speech servers (Wyoming)": ["--asr", whisper.url, "--tts", piper.url]}
+        for name, flags in variants.items():
+            print(f"{name}: starting the server ...", file=sys.stderr, flush=True)
+            with ServerProcess(base + flags, ready_timeout=300) as server:
+                assert server.url is not None
+                report["variants"][name] = asyncio.run(measure_fresh_calls(server.url, args.rounds))
+    return _report(report, "speech", "servers / in process (p50)")
 
 
 def _report(report: dict, what: str, ratio: str) -> int:
