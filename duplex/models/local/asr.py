@@ -76,6 +76,13 @@ class LoopGuard:
         return max(8, math.ceil(self.tokens_per_s * window_s))
 
 
+def window_frames(seconds: float, policy: StreamingPolicy) -> int:
+    """The encoder window (mel frames) for ``seconds`` of audio: fitted to it (module doc)."""
+    step = policy.window_step_s
+    window_s = min(30.0, max(policy.min_window_s, math.ceil((seconds + policy.window_margin_s) / step) * step))
+    return int(window_s * SAMPLE_RATE / _HOP)
+
+
 def first_copy(tokens: list[int], min_repeat: int = 3) -> list[int]:
     """``tokens`` up to where they start repeating themselves: the first copy of a span that is
     followed by at least ``min_repeat`` tokens (or the whole span) of itself, repeated to the end.
@@ -238,11 +245,7 @@ class StreamingASR:
                 self._record(state, text)
 
     def _window_frames(self, state: dict) -> int:
-        policy = self.policy
-        seconds = (len(state["audio"]) - state["committed"]) / SAMPLE_RATE
-        step = policy.window_step_s
-        window_s = min(30.0, max(policy.min_window_s, math.ceil((seconds + policy.window_margin_s) / step) * step))
-        return int(window_s * SAMPLE_RATE / _HOP)
+        return window_frames((len(state["audio"]) - state["committed"]) / SAMPLE_RATE, self.policy)
 
     def _record(self, state: dict, window_text: str) -> None:
         prefix = state.get("prefix", "")
