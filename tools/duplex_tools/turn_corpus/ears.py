@@ -1,22 +1,22 @@
 """The models the session's decisions hear with, run here as the server runs them, their answers
 cached on disk by the audio's hash (``cache/asr.json``, ``cache/smart_turn.json``), so a rerun
 costs nothing: Whisper-base through the local ASR's own ``WhisperTranscriber`` with the streaming
-policy's window, and Smart Turn."""
+policy's window and the ``local`` pipeline's hint (its domain words: over a noise they turn
+Whisper's made-up syllables into sentences, so words heard without it read noises too kindly),
+and Smart Turn."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from duplex.models.local.asr import StreamingPolicy
+from duplex.models.local.asr import StreamingPolicy, window_frames
 
 RATE = 16_000
-_HOP = 160
 
 
 class _Store:
@@ -34,43 +34,48 @@ class _Store:
             self.dirty = 0
 
 
+def _hash_text(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def _local_hint() -> str:
+    """The ``local`` pipeline's ASR hint, as its config gives it."""
+    from duplex.config import load_pipeline
+
+    stage = next(stage for stage in load_pipeline("local", []).stages if stage.name == "asr")
+    return str(stage.args.get("hint", ""))
+
+
 def _hash(audio: np.ndarray) -> str:
     return hashlib.sha1(np.ascontiguousarray(audio, np.int16).tobytes()).hexdigest()[:24]
 
 
 class Ears:
-    def __init__(self, cache: Path, threads: int = 2) -> None:
+    def __init__(self, cache: Path, threads: int = 2, hint: str | None = None) -> None:
         self._asr_store = _Store(cache / "asr.json")
         self._turn_store = _Store(cache / "smart_turn.json")
         self._threads = threads
         self._whisper: Any = None
         self._smart: Any = None
         self.policy = StreamingPolicy()
+        self.hint = _local_hint() if hint is None else hint
 
     def words(self, audio: np.ndarray) -> str:
         """What the pipeline's ASR writes for int16 ``audio`` (a final transcript)."""
-        key = _hash(audio)
+        key = _hash(audio) + (f"+{_hash_text(self.hint)}" if self.hint else "")
         if key not in self._asr_store.data:
             if self._whisper is None:
                 from duplex.models.local.asr import WhisperTranscriber
                 from duplex.models.local.assets import prepare_whisper
 
-                self._whisper = WhisperTranscriber(prepare_whisper(), threads=self._threads)
+                self._whisper = WhisperTranscriber(prepare_whisper(), threads=self._threads, hint=self.hint)
             clip = audio.astype(np.float32) / 32768.0
-            (text,) = self._whisper.transcribe([clip], self._window_frames(len(clip)))
+            (text,) = self._whisper.transcribe([clip], window_frames(len(clip) / RATE, self.policy))
             self._asr_store.data[key] = text
             self._asr_store.dirty += 1
             if self._asr_store.dirty >= 50:
                 self._asr_store.save()
         return str(self._asr_store.data[key])
-
-    def _window_frames(self, samples: int) -> int:
-        policy = self.policy
-        seconds = samples / RATE
-        window_s = min(30.0, max(policy.min_window_s,
-                                 math.ceil((seconds + policy.window_margin_s) / policy.window_step_s)
-                                 * policy.window_step_s))
-        return int(window_s * RATE / _HOP)
 
     def complete_probability(self, audio: np.ndarray) -> float:
         """Smart Turn's P(turn complete) for int16 ``audio`` (the turn so far)."""
