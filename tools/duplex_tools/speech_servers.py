@@ -187,7 +187,7 @@ class WyomingServer:
     def command(self) -> list[str]:
         python = self.python or str(speech_venv() / "bin" / "python")
         if self.name == "duplex_asr_server":
-            return [python, "-m", "duplex", "model", "asr-server", "--uri", self.url, *self.args]
+            return [python, "-m", "duplex.cli", "model", "asr-server", "--uri", self.url, *self.args]
         if self.openai:
             return [python, "-m", self.name, *self.args, "--port", str(self.port)]
         data = ["--data-dir", str(Path(self._dir.name) / "data")] if "--data-dir" not in self.args else []

@@ -26,11 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import sys
+from collections.abc import Callable
 
 import psutil
 
+from duplex.config.pipeline import PipelineConfig
 from duplex_tools.report import table, write_json
 from duplex_tools.speech_servers import WyomingServer, speech_available
 
@@ -96,10 +99,11 @@ async def measure(args: argparse.Namespace, overrides: list[str]) -> dict:
         piper = stack.enter_context(WyomingServer.piper())
         asr = {name: stack.enter_context(_asr_server(name)) for name in ASR_SERVERS[args.asr_server]}
         servers = [pid for pid in [piper.pid, *(server.pid for server in asr.values())] if pid is not None]
-        pipelines = {"in process": lambda: load_pipeline(args.config, overrides)}
+        pipelines: dict[str, Callable[[], PipelineConfig]] = {"in process": lambda: load_pipeline(args.config,
+                                                                                                 overrides)}
         for name, server in asr.items():
-            pipelines[f"speech servers ({name} asr)"] = (
-                lambda url=server.url: load_with_servers(args.config, overrides, url, piper.url))
+            pipelines[f"speech servers ({name} asr)"] = functools.partial(load_with_servers, args.config, overrides,
+                                                                          server.url, piper.url)
         if args.every_model:
             last = list(asr)[-1]
             pipelines[f"every model on servers ({last} asr)"] = lambda: _all_on_servers(
