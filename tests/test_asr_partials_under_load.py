@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from duplex.models.local.asr import StreamingASR, StreamingPolicy
+from duplex.models.local.asr import Heard, StreamingASR, StreamingPolicy
 from duplex.runtime.contract import CallerAudio, Transcript, WorkItem
 
 CHUNK_S = 0.1  # the session feeds 100 ms at a time
@@ -19,9 +19,9 @@ class CountingTranscriber:
     def __init__(self) -> None:
         self.clips = 0
 
-    def transcribe(self, clips: list[np.ndarray], window_frames: int) -> list[str]:
+    def hear(self, clips: list[np.ndarray], window_frames: int) -> list[Heard]:
         self.clips += len(clips)
-        return [f"words {len(clip)}" for clip in clips]
+        return [Heard(f"words {len(clip)}", no_speech_prob=0.0, avg_logprob=-0.1) for clip in clips]
 
 
 class Clock:
@@ -62,6 +62,7 @@ def test_partials_come_at_the_interval_for_a_few_callers_and_less_often_for_a_cr
     assert all(partials(out) == SPEECH_S / 3.0 for out in crowd)  # 6 speakers / 2: every 3 s
     for out in [alone, *pair, *crowd]:  # every request still gets its final transcript
         assert out[-1].final and out[-1].text
+        assert all(t.avg_logprob == -0.1 and t.no_speech_prob == 0.0 for t in out)  # with the words' confidence
     assert clips_crowd / 6 < clips_alone / 2  # per caller, well under half the model's work
     assert clips_pair == 2 * clips_alone
 

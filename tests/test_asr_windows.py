@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from duplex.config.pipeline import StageConfig
-from duplex.models.local.asr import LoopGuard, StreamingASR, StreamingPolicy, first_copy
+from duplex.models.local.asr import Heard, LoopGuard, StreamingASR, StreamingPolicy, first_copy
 from duplex.models.local.stages import build_asr
 from duplex.runtime.contract import CallerAudio, Transcript, WorkItem
 from tests.local_helpers import Ctx
@@ -23,9 +23,9 @@ class RecordingTranscriber:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []  # (clips, window frames) per call
 
-    def transcribe(self, clips: list[np.ndarray], window_frames: int) -> list[str]:
+    def hear(self, clips: list[np.ndarray], window_frames: int) -> list[Heard]:
         self.calls.append((len(clips), window_frames))
-        return [f"words {len(clip)}" for clip in clips]
+        return [Heard(f"words {len(clip)}", no_speech_prob=0.0, avg_logprob=-0.1) for clip in clips]
 
 
 def _window_s(policy: StreamingPolicy, seconds: float) -> float:
@@ -56,7 +56,9 @@ def test_finals_that_end_together_share_one_call_per_window():
     items = [WorkItem(f"r{n}", "client", _speech(s), eos=True) for n, s in enumerate(lengths)]
     out = asr(items, [{} for _ in items])
     assert sorted(transcriber.calls) == [(1, 400), (3, 300)]
-    assert all(emitted[-1] == Transcript(f"words {round(s * RATE)}", final=True) for emitted, s in zip(out, lengths))
+    expected = [Transcript(f"words {round(s * RATE)}", final=True, avg_logprob=-0.1, no_speech_prob=0.0)
+                for s in lengths]
+    assert [emitted[-1] for emitted in out] == expected
 
 
 @pytest.mark.parametrize(("tokens", "kept"), [

@@ -13,6 +13,7 @@ import torch
 
 from duplex.audio import resample
 from duplex.config.pipeline import StageConfig
+from duplex.config.session import BargeInConfig
 from duplex.models.local import assets
 from duplex.models.local.asr import StreamingASR, WhisperTranscriber
 from duplex.models.local.prompt import BUBBLE_TEA_ASR_HINT
@@ -83,6 +84,10 @@ def test_asr_streams_partials_and_needs_no_call_after_trailing_silence(transcrib
     partials = [e.text for e in emitted if not e.final]
     final = emitted[-1]
     assert final.final and "bubble tea" in final.text.lower()
+    # a clear order is heard with a confidence the barge-in counts (a noise's made-up words are not)
+    gate = BargeInConfig().min_logprob
+    assert gate is not None and final.avg_logprob is not None and final.avg_logprob > gate
+    assert final.no_speech_prob is not None and final.no_speech_prob < 0.5
     assert len(partials) >= 2 and "bubble" in partials[-1].lower()
     assert calls_at_eos == 0  # the partial made as the speech settled is the final transcript
     assert asr.calls <= 6  # about one call per second of speech, not one per chunk

@@ -68,6 +68,28 @@ def test_words_a_noise_could_not_have_said_leave_it_to_the_sound():
     assert verdict.kind is OverlapKind.NOISE and verdict.words is None
 
 
+def test_words_the_recogniser_was_not_sure_of_leave_it_to_the_sound():
+    """Over a 0.4 s sneeze Whisper-base writes "I'm not sure." with a mean log-probability per
+    token far below a caller's words; the same words heard with confidence, or from a recogniser
+    that gives none, take the floor."""
+    sneeze = "v" * 18 + "." * RESUME_FRAMES  # 440 ms voiced with the onset's: enough for its words
+    assert CONFIG.min_logprob is not None
+    unsure = CONFIG.min_logprob - 0.5
+    guessed = listening()
+    assert push(guessed, sneeze) == (None, len(sneeze)) and guessed.waiting_words
+    verdict, _ = guessed.heard("I'm not sure.", final=True, avg_logprob=unsure)
+    assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None  # the sound's verdict
+    for logprob in (CONFIG.min_logprob + 0.5, None):
+        meant = listening()
+        push(meant, sneeze)
+        verdict, _ = meant.heard("I'm not sure.", final=True, avg_logprob=logprob)
+        assert verdict.interrupts and verdict.words == "I'm not sure."
+    anything = listening(BargeInConfig(min_logprob=None))  # the gate off: every word counts
+    push(anything, sneeze)
+    verdict, _ = anything.heard("I'm not sure.", final=True, avg_logprob=unsure)
+    assert verdict.interrupts
+
+
 def listening(config: BargeInConfig = CONFIG, words_coming: bool = True) -> Listening[str]:
     """Listening to an onset recognised with 80 ms voiced, words coming (or not)."""
     heard: Listening[str] = Listening()

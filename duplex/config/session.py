@@ -88,6 +88,10 @@ class BargeInConfig(_Strict):
     # words.FLOOR_WORDS ("stop", "wait", "sorry"); fewer are left to the sound (Whisper
     # hears a lone "uh-huh" as "I" or a made-up word)
     min_words: int = Field(2, ge=1, le=20)
+    # words the recogniser was less sure of than this (its mean log-probability per token, where
+    # it gives one) are no words: Whisper's sentences made up from a noise ("I'm not sure.") come
+    # with far less confidence than a caller's words; None: every word counts
+    min_logprob: float | None = Field(-1.8, ge=-20, le=0)
     # who reads the overlap's words: ``learned``, the model trained on many synthetic voices, rooms
     # and lines (duplex/session/turn_model.json: the words with the sound's voicing, periodicity and
     # level); ``rules``, the word lists (words.BACKCHANNELS, FLOOR_WORDS) and min_words
@@ -97,8 +101,10 @@ class BargeInConfig(_Strict):
     # learned reading of the sound so far (duplex/session/turn_model.json: its bursts, pitch,
     # flatness, level, how its level repeats) holds one it hears as a backchannel or a noise for
     # its words, which then decide; read again as a caller taking the floor, or at max_held_ms, it
-    # interrupts
-    sound: Literal["voiced", "learned"] = "voiced"
+    # interrupts. ``learned`` is the default: on the held-out voices of the synthetic corpus it cut
+    # a noise 0.05 of the time against 0.32 and honoured interruptions as often (0.96), a few
+    # tenths of a second later at the median (docs/benchmarks/turn-corpus.md)
+    sound: Literal["voiced", "learned"] = "learned"
     # the longest a sound held for its words pauses the reply; default: twice max_overlap_ms
     max_held_ms: int | None = Field(None, ge=100, le=20_000)
 

@@ -93,10 +93,13 @@ class CallerAudio(Payload):
 
 
 class Transcript(Payload):
-    """What the caller said: an interim guess (``final`` False) or the turn's final text."""
+    """What the caller said: an interim guess (``final`` False) or the turn's final text, with
+    the recogniser's confidence in it where it gives one (None: it does not say)."""
 
     text: str
     final: bool = False
+    avg_logprob: float | None = None  # mean log-probability per token of the words' last window
+    no_speech_prob: float | None = None  # P(no speech) the recogniser gave that window
 
 
 class AgentText(Payload):

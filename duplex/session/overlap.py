@@ -33,8 +33,8 @@ shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed 
   voiced, and the hold keeps the reply from resuming before the rest of the sentence cuts it;
 - words that are not back ``words_wait_ms`` after the sound's end, or a probe that ends without
   them, leave the sound's verdict too: the decision never hangs on the ASR;
-- words the sound could not have said (``overlap_words.credible``: Whisper's sentences made up
-  from a cough) are no words.
+- words the sound could not have said, or the recogniser was not sure of
+  (``overlap_words.credible``: Whisper's sentences made up from a cough) are no words.
 
 The sound's time alone also cuts doubled backchannels ("mm-hmm, mm-hmm", "yeah yeah") and long
 noises (a keyboard, a laugh, music) at ``interrupt_ms`` or ``max_overlap_ms``, before any word of
@@ -204,6 +204,7 @@ class Listening(Generic[R]):
         self._words_coming = False  # the overlap's audio is being transcribed
         self._final: str | None = None  # its final words, once heard
         self._held: OverlapVerdict | None = None  # waiting for the words: the sound's resume verdict
+        self._logprob: float | None = None  # the recogniser's confidence in the last words heard
 
     @property
     def phase(self) -> ListenPhase:
@@ -245,7 +246,7 @@ class Listening(Generic[R]):
         judge.hold_for_words(self._sound if words else None)
         self._machine.move(ListenPhase.JUDGING)
         self.judge, self.reply = judge, reply
-        self._words_coming, self._final, self._held = words, None, None
+        self._words_coming, self._final, self._held, self._logprob = words, None, None, None
 
     def push(self, frame_ms: int, voiced: bool) -> tuple[OverlapVerdict, R] | None:
         """The verdict and the paused reply, once there is one (listening then ends)."""
@@ -261,10 +262,12 @@ class Listening(Generic[R]):
             return self._settle(verdict)  # no words in time: the sound decides
         return None
 
-    def heard(self, text: str, final: bool) -> tuple[OverlapVerdict, R] | None:
-        """Words of the overlap (a partial or the final transcript); the verdict if they decide it."""
+    def heard(self, text: str, final: bool, avg_logprob: float | None = None) -> tuple[OverlapVerdict, R] | None:
+        """Words of the overlap (a partial or the final transcript, heard with ``avg_logprob``:
+        None where the recogniser does not say); the verdict if they decide it."""
         if self.judge is None or not self._words_coming:
             return None
+        self._logprob = avg_logprob
         said = self._says(text, self.judge.voiced_ms)
         if said is Said.FLOOR:  # "sorry", "stop": an interruption, whatever comes
             return self._settle(replace(self.judge.now(OverlapKind.INTERRUPTION), words=text))
@@ -312,7 +315,8 @@ class Listening(Generic[R]):
             return learned
         config = self.judge.config
         words = spoken_words(text)
-        return what_words_say(words if credible(words, voiced_ms, config.noise_ms) else [], config.min_words)
+        heard = credible(words, voiced_ms, config.noise_ms, self._logprob, config.min_logprob)
+        return what_words_say(words if heard else [], config.min_words)
 
     def _by_words(self, verdict: OverlapVerdict, text: str) -> OverlapVerdict:
         """The sound said resume; the final words say what it was (none: the sound's verdict)."""

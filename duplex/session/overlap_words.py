@@ -10,9 +10,11 @@ Whisper spells a hum out as "M. H. N.") and is a backchannel when every word bel
 "uh-huh" and "mm-hmm") says too little, and the sound decides. No words at all (noise, a
 cough) says nothing.
 
-Whisper makes words up from a short noise (measured on a 0.3 s cough: "I'm not a good guy.",
-on a 0.15 s burst: "I'm sorry."), so words count only when the sound could have said them
-(``credible``): at least ``noise_ms`` voiced, and ``MS_PER_WORD`` of voiced audio per word.
+Whisper makes words up from a noise (measured on a 0.3 s cough: "I'm not a good guy.", on a
+0.15 s burst: "I'm sorry.", over a sneeze or a door slam: "I'm not sure."), so words count only
+when the sound could have said them (``credible``): at least ``noise_ms`` voiced, ``MS_PER_WORD``
+of voiced audio per word, and, where the recogniser says how sure it was, a mean log-probability
+per token of at least ``barge_in.min_logprob`` (made-up words come with far less confidence).
 
 The ears: ``OverlapEars`` sends the overlap's audio to the pipeline as an ``OverlapProbe``
 request (one per paused reply; the runtime routes it to the ASR stage and back, no further), and
@@ -44,9 +46,12 @@ def spoken_words(text: str) -> list[str]:
     return [word for word in words if len(word) > 1 or word == "i"]
 
 
-def credible(words: list[str], voiced_ms: int, noise_ms: int) -> bool:
-    """Whether a sound with ``voiced_ms`` of voice could have said ``words`` (see above)."""
-    return voiced_ms >= noise_ms and len(words) * MS_PER_WORD <= voiced_ms
+def credible(words: list[str], voiced_ms: int, noise_ms: int, avg_logprob: float | None = None,
+             min_logprob: float | None = None) -> bool:
+    """Whether a sound with ``voiced_ms`` of voice could have said ``words``, heard with
+    ``avg_logprob`` (None: unknown) (see above)."""
+    sure = avg_logprob is None or min_logprob is None or avg_logprob >= min_logprob
+    return sure and voiced_ms >= noise_ms and len(words) * MS_PER_WORD <= voiced_ms
 
 
 class Said(enum.Enum):

@@ -100,6 +100,15 @@ def first_copy(tokens: list[int], min_repeat: int = 3) -> list[int]:
     return tokens
 
 
+@dataclass(frozen=True)
+class Heard:
+    """One clip's words and how sure Whisper was of them."""
+
+    text: str
+    no_speech_prob: float  # P(no speech) at the first step: high over a noise
+    avg_logprob: float  # mean log-probability per decoded token: low when the words were guessed
+
+
 class WhisperTranscriber:
     """Whisper-base through CTranslate2: greedy decoding, English, no timestamps."""
 
@@ -121,6 +130,10 @@ class WhisperTranscriber:
 
     def transcribe(self, clips: list[np.ndarray], window_frames: int) -> list[str]:
         """One batched encoder + greedy decoder call for clips that share a window length."""
+        return [heard.text for heard in self.hear(clips, window_frames)]
+
+    def hear(self, clips: list[np.ndarray], window_frames: int) -> list[Heard]:
+        """``transcribe``, with Whisper's confidence in each clip's words."""
         import ctranslate2
 
         mels = [self._whisper.feature_extractor(clip)[:, :window_frames] for clip in clips]
@@ -133,13 +146,23 @@ class WhisperTranscriber:
         max_length = min(448, len(self._prompt) + self.guard.max_tokens(window_s))
         results = self._whisper.model.generate(encoded, [self._prompt] * len(clips), beam_size=1,
                                                max_length=max_length, return_no_speech_prob=True,
-                                               repetition_penalty=self.guard.penalty(window_s))
-        texts = []
+                                               return_scores=True, repetition_penalty=self.guard.penalty(window_s))
+        heard = []
         for result in results:
             tokens = first_copy([t for t in result.sequences_ids[0] if t < self._tokenizer.eot])
             text = self._tokenizer.decode(tokens).strip()
-            texts.append("" if result.no_speech_prob > 0.8 and len(text) < 24 else text)
-        return texts
+            text = "" if result.no_speech_prob > 0.8 and len(text) < 24 else text
+            heard.append(Heard(text, float(result.no_speech_prob), float(result.scores[0])))
+        return heard
+
+
+def _transcript(state: dict, final: bool) -> Transcript:
+    """The request's words so far, with Whisper's confidence in their last window."""
+    heard: Heard | None = state.get("heard")
+    if heard is None:
+        return Transcript(state.get("text", ""), final=final)
+    return Transcript(state.get("text", ""), final=final, avg_logprob=heard.avg_logprob,
+                      no_speech_prob=heard.no_speech_prob)
 
 
 def typed_text(item: WorkItem) -> str | None:
@@ -181,10 +204,10 @@ class StreamingASR:
             if typed_text(item) is not None:
                 outputs[row] = [Transcript(text, final=True)] if item.eos else []
             elif item.eos:
-                outputs[row].append(Transcript(text, final=True))
+                outputs[row].append(_transcript(state, final=True))
             elif any(r == row for r, _ in due) and text and text != state.get("sent"):
                 state["sent"] = text
-                outputs[row].append(Transcript(text, final=False))
+                outputs[row].append(_transcript(state, final=False))
         return outputs
 
     # -- per-request bookkeeping ----------------------------------------------------------------
@@ -239,17 +262,18 @@ class StreamingASR:
             groups.setdefault(self._window_frames(state), []).append(state)
         for window, states in groups.items():
             clips = [state["audio"][state["committed"]:] for state in states]
-            texts = self.transcriber.transcribe(clips, window)
+            heard = self.transcriber.hear(clips, window)
             self.calls += 1
-            for state, text in zip(states, texts):
-                self._record(state, text)
+            for state, one in zip(states, heard):
+                self._record(state, one)
 
     def _window_frames(self, state: dict) -> int:
         return window_frames((len(state["audio"]) - state["committed"]) / SAMPLE_RATE, self.policy)
 
-    def _record(self, state: dict, window_text: str) -> None:
+    def _record(self, state: dict, heard: Heard) -> None:
         prefix = state.get("prefix", "")
-        state["text"] = f"{prefix} {window_text}".strip()
+        state["text"] = f"{prefix} {heard.text}".strip()
+        state["heard"] = heard
         state["done"] = len(state["audio"])
         if (state["done"] - state["committed"]) / SAMPLE_RATE >= self.policy.commit_after_s:
             state["prefix"], state["committed"] = state["text"], state["done"]

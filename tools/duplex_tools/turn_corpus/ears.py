@@ -1,5 +1,5 @@
 """The models the session's decisions hear with, run here as the server runs them, their answers
-cached on disk by the audio's hash (``cache/asr.json``, ``cache/smart_turn.json``), so a rerun
+cached on disk by the audio's hash (``cache/heard.json``, ``cache/smart_turn.json``), so a rerun
 costs nothing: Whisper-base through the local ASR's own ``WhisperTranscriber`` with the streaming
 policy's window and the ``local`` pipeline's hint (its domain words: over a noise they turn
 Whisper's made-up syllables into sentences, so words heard without it read noises too kindly),
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from duplex.models.local.asr import StreamingPolicy, window_frames
+from duplex.models.local.asr import Heard, StreamingPolicy, window_frames
 
 RATE = 16_000
 
@@ -52,7 +52,7 @@ def _hash(audio: np.ndarray) -> str:
 
 class Ears:
     def __init__(self, cache: Path, threads: int = 2, hint: str | None = None) -> None:
-        self._asr_store = _Store(cache / "asr.json")
+        self._asr_store = _Store(cache / "heard.json")
         self._turn_store = _Store(cache / "smart_turn.json")
         self._threads = threads
         self._whisper: Any = None
@@ -62,6 +62,10 @@ class Ears:
 
     def words(self, audio: np.ndarray) -> str:
         """What the pipeline's ASR writes for int16 ``audio`` (a final transcript)."""
+        return self.hear(audio).text
+
+    def hear(self, audio: np.ndarray) -> Heard:
+        """``words`` with Whisper's confidence in them."""
         key = _hash(audio) + (f"+{_hash_text(self.hint)}" if self.hint else "")
         if key not in self._asr_store.data:
             if self._whisper is None:
@@ -70,12 +74,13 @@ class Ears:
 
                 self._whisper = WhisperTranscriber(prepare_whisper(), threads=self._threads, hint=self.hint)
             clip = audio.astype(np.float32) / 32768.0
-            (text,) = self._whisper.transcribe([clip], window_frames(len(clip) / RATE, self.policy))
-            self._asr_store.data[key] = text
+            (heard,) = self._whisper.hear([clip], window_frames(len(clip) / RATE, self.policy))
+            self._asr_store.data[key] = [heard.text, heard.no_speech_prob, heard.avg_logprob]
             self._asr_store.dirty += 1
             if self._asr_store.dirty >= 50:
                 self._asr_store.save()
-        return str(self._asr_store.data[key])
+        text, no_speech_prob, avg_logprob = self._asr_store.data[key]
+        return Heard(str(text), float(no_speech_prob), float(avg_logprob))
 
     def complete_probability(self, audio: np.ndarray) -> float:
         """Smart Turn's P(turn complete) for int16 ``audio`` (the turn so far)."""

@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from duplex.config.session import BargeInConfig, SemanticTurnConfig, VadConfig
+from duplex.models.local.asr import Heard
 from duplex.session.endpoint import EndOfTurnJudge, TurnJudgement
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
 from duplex.session.overlap_words import Said
@@ -41,14 +42,14 @@ SoundHolds = Callable[[SoundTrace], bool]  # the sound at interrupt_ms (and on) 
 
 
 class WordsOf(Protocol):
-    def words(self, audio: np.ndarray) -> str: ...  # an overlap's final words (``Ears``)
+    def hear(self, audio: np.ndarray) -> Heard: ...  # an overlap's final words (``Ears``)
 
 
 class Deaf:
     """Ears that hear no words: the sound alone (the sound reading's training run)."""
 
-    def words(self, audio: np.ndarray) -> str:
-        return ""
+    def hear(self, audio: np.ndarray) -> Heard:
+        return Heard("", no_speech_prob=1.0, avg_logprob=0.0)
 
 
 @dataclass
@@ -101,7 +102,7 @@ def run_overlap(frames: Frames, ears: WordsOf, barge_in: BargeInConfig, vad: Vad
     listening: Listening[object] = Listening(says, holds)
     reply = object()
     probe_from: int | None = None  # sample the open probe's audio begins at
-    pending: tuple[int, str] | None = None  # words on their way: (arrival ms, text)
+    pending: tuple[int, Heard] | None = None  # words on their way: (arrival ms, the words)
     for i, voiced in enumerate(frames.voiced):
         now = (i + 1) * FRAME_MS
         at["now"] = i + 1
@@ -109,15 +110,15 @@ def run_overlap(frames: Frames, ears: WordsOf, barge_in: BargeInConfig, vad: Vad
         if listening.active:
             settled = listening.push(FRAME_MS, voiced)
             if settled is None and probe_from is not None and listening.words_final_due():
-                pending = (now + asr_ms, ears.words(audio[probe_from:now * 16]))
+                pending = (now + asr_ms, ears.hear(audio[probe_from:now * 16]))
                 probe_from = None
             elif settled is None and voiced and listening.words_coming and probe_from is None and pending is None:
                 listening.rehear()
                 probe_from = at["from"] * FRAME
             if settled is None and pending is not None and now >= pending[0]:
-                text, pending = pending[1], None
-                run.words.append(text)
-                settled = listening.heard(text, final=True)
+                heard, pending = pending[1], None
+                run.words.append(heard.text)
+                settled = listening.heard(heard.text, final=True, avg_logprob=heard.avg_logprob)
         else:
             cue = detector.push(i * FRAME_MS, voiced, min_speech_ms=min(vad.min_speech_ms, barge_in.pause_speech_ms))
             if isinstance(cue, SpeechStarted):
