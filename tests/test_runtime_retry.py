@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from duplex.config.pipeline import StageConfig
-from duplex.models.local.asr import StreamingASR
+from duplex.models.local.asr import Heard, StreamingASR
 from duplex.models.local.stages import StreamingTTS
 from duplex.runtime.contract import AgentAudio, AgentText, Transcript
 from duplex.runtime.scheduler import Scheduler, WorkItem
@@ -70,10 +70,10 @@ class CountingTranscriber:
 
     longest = 3 * 16000
 
-    def transcribe(self, clips: list[np.ndarray], window_frames: int) -> list[str]:
+    def hear(self, clips: list[np.ndarray], window_frames: int) -> list[Heard]:
         if any(len(clip) > self.longest for clip in clips):
             raise ValueError("clip too long")
-        return [f"heard {len(clip)}" for clip in clips]
+        return [Heard(f"heard {len(clip)}", no_speech_prob=0.0, avg_logprob=-0.1) for clip in clips]
 
 
 def test_a_failed_batch_retries_asr_rows_without_appending_their_audio_twice():
