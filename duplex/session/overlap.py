@@ -59,6 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from duplex.config.session import BargeInConfig
+from duplex.runtime.contract import Transcript
 from duplex.session.overlap_words import Said, credible, spoken_words, what_words_say
 from duplex.session.states import LISTEN_TRANSITIONS, ListenPhase, StateMachine
 
@@ -202,9 +203,8 @@ class Listening(Generic[R]):
         self.reply: R | None = None  # ... and the reply paused
         self._last: tuple[OverlapVerdict, R] | None = None
         self._words_coming = False  # the overlap's audio is being transcribed
-        self._final: str | None = None  # its final words, once heard
+        self._final: Transcript | None = None  # its final words (and their confidence), once heard
         self._held: OverlapVerdict | None = None  # waiting for the words: the sound's resume verdict
-        self._logprob: float | None = None  # the recogniser's confidence in the last words heard
 
     @property
     def phase(self) -> ListenPhase:
@@ -246,7 +246,7 @@ class Listening(Generic[R]):
         judge.hold_for_words(self._sound if words else None)
         self._machine.move(ListenPhase.JUDGING)
         self.judge, self.reply = judge, reply
-        self._words_coming, self._final, self._held, self._logprob = words, None, None, None
+        self._words_coming, self._final, self._held = words, None, None
 
     def push(self, frame_ms: int, voiced: bool) -> tuple[OverlapVerdict, R] | None:
         """The verdict and the paused reply, once there is one (listening then ends)."""
@@ -267,24 +267,24 @@ class Listening(Generic[R]):
         None where the recogniser does not say); the verdict if they decide it."""
         if self.judge is None or not self._words_coming:
             return None
-        self._logprob = avg_logprob
-        said = self._says(text, self.judge.voiced_ms)
+        words = Transcript(text, final=final, avg_logprob=avg_logprob)
+        said = self._says(words, self.judge.voiced_ms)
         if said is Said.FLOOR:  # "sorry", "stop": an interruption, whatever comes
             return self._settle(replace(self.judge.now(OverlapKind.INTERRUPTION), words=text))
         if final:
-            self._final = text
-            if self._held is not None and not self._more_to_come(text):
-                return self._settle(self._by_words(self._held, text))
+            self._final = words
+            if self._held is not None and not self._more_to_come(words):
+                return self._settle(self._by_words(self._held, words))
             if said is Said.BACKCHANNEL and self._sound_over():
                 return self._settle(replace(self.judge.now(OverlapKind.BACKCHANNEL), words=text))
         return None
 
-    def _more_to_come(self, text: str) -> bool:
+    def _more_to_come(self, words: Transcript) -> bool:
         """A lone word that is neither a backchannel nor takes the floor ("way": Whisper's hearing
         of a Piper "Wait,") may begin a sentence: the reply stays paused until the sound has been
         over ``rejoin_ms`` (more words continue it), and only then resumes."""
         assert self.judge is not None
-        too_few = self._says(text, self.judge.voiced_ms) is Said.TOO_FEW
+        too_few = self._says(words, self.judge.voiced_ms) is Said.TOO_FEW
         return too_few and self.judge.sound_ended_ms < self.judge.config.rejoin_ms
 
     def words_lost(self) -> tuple[OverlapVerdict, R] | None:
@@ -306,25 +306,25 @@ class Listening(Generic[R]):
             self._machine.move(ListenPhase.IDLE)
         self.judge = self.reply = self._held = None
 
-    def _says(self, text: str, voiced_ms: int) -> Said:
-        """What ``text`` says, when a sound with ``voiced_ms`` of voice could have said its words
-        (else nothing: a noise Whisper put words to)."""
+    def _says(self, words: Transcript, voiced_ms: int) -> Said:
+        """What ``words`` say, when a sound with ``voiced_ms`` of voice could have said them and
+        the recogniser was sure enough of them (else nothing: a noise Whisper put words to)."""
         assert self.judge is not None
-        learned = self._hearing(text, voiced_ms) if self._hearing is not None else None
+        learned = self._hearing(words.text, voiced_ms) if self._hearing is not None else None
         if learned is not None:
             return learned
         config = self.judge.config
-        words = spoken_words(text)
-        heard = credible(words, voiced_ms, config.noise_ms, self._logprob, config.min_logprob)
-        return what_words_say(words if heard else [], config.min_words)
+        spoken = spoken_words(words.text)
+        heard = credible(spoken, voiced_ms, config.noise_ms, words.avg_logprob, config.min_logprob)
+        return what_words_say(spoken if heard else [], config.min_words)
 
-    def _by_words(self, verdict: OverlapVerdict, text: str) -> OverlapVerdict:
+    def _by_words(self, verdict: OverlapVerdict, words: Transcript) -> OverlapVerdict:
         """The sound said resume; the final words say what it was (none: the sound's verdict)."""
-        said = self._says(text, verdict.voiced_ms)
+        said = self._says(words, verdict.voiced_ms)
         if said is Said.BACKCHANNEL:
-            return replace(verdict, kind=OverlapKind.BACKCHANNEL, words=text)
+            return replace(verdict, kind=OverlapKind.BACKCHANNEL, words=words.text)
         if said is Said.FLOOR:
-            return replace(verdict, kind=OverlapKind.INTERRUPTION, words=text)
+            return replace(verdict, kind=OverlapKind.INTERRUPTION, words=words.text)
         return verdict  # no words, or too few to take the floor: the sound's verdict
 
     def _settle(self, verdict: OverlapVerdict) -> tuple[OverlapVerdict, R]:
