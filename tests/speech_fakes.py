@@ -94,16 +94,28 @@ class FakeWyoming:
 class FakeTranscriptions(FakeHttpServer):
     """An OpenAI-compatible ``/v1/audio/transcriptions`` that misbehaves: ``stall`` (never
     answers), ``garbage`` (200 with a body that is no transcription), ``status500`` (an error
-    with a message)."""
+    with a message); or ``json_only``, that refuses ``verbose_json`` as OpenAI's newer models do
+    and answers ``json`` with ``TEXT``. The response formats asked for are kept (``formats``)."""
+
+    TEXT = "Hello there."
 
     def __init__(self, mode: str) -> None:
         super().__init__()
         self.mode = mode
+        self.formats: list[str] = []
         self.url = f"http://127.0.0.1:{self.port}/v1"
 
     def on_post(self, handler: BaseHTTPRequestHandler) -> None:
-        request_body(handler)
-        if self.mode == "stall":
+        body = request_body(handler)
+        verbose = b'name="response_format"\r\n\r\nverbose_json' in body
+        self.formats.append("verbose_json" if verbose else "json")
+        if self.mode == "json_only":
+            if verbose:
+                respond(handler, 400, "application/json", b'{"error": {"message": "response_format '
+                        b'\'verbose_json\' is not compatible with this model, use json or text"}}')
+            else:
+                respond(handler, 200, "application/json", json.dumps({"text": self.TEXT}).encode())
+        elif self.mode == "stall":
             self._release.wait(60)
         elif self.mode == "garbage":
             respond(handler, 200, "text/html", b"<html>not json</html>")

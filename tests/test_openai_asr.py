@@ -48,6 +48,21 @@ async def test_a_turn_is_transcribed_with_a_speculative_final_at_its_pause(serve
     assert out[-1].final and word_recall(ORDER, out[-1].text) >= 0.85, out
     assert [o.text for o in out if not o.final] == [out[-1].text]  # the pause's, reused as the final
     assert asr.calls == 1 and asr.held()["open_streams"] == 0
+    # the server's confidence comes with the words (verbose_json): a clear order is heard surely
+    assert out[-1].avg_logprob is not None and -1.0 < out[-1].avg_logprob <= 0, out[-1]
+    assert out[-1].no_speech_prob is not None and 0 <= out[-1].no_speech_prob < 0.5, out[-1]
+
+
+async def test_a_server_that_refuses_verbose_json_is_asked_for_json_from_then_on():
+    with FakeTranscriptions("json_only") as fake:
+        asr = _asr(fake.url)
+        for turn in ("t1", "t2"):
+            request = TurnRequest(session_id="o4")
+            out = await _collect(asr.run(turn, request, _audio(request, _speech("Hello there."))))
+            assert out[-1].final and out[-1].text == fake.TEXT
+            assert out[-1].avg_logprob is None and out[-1].no_speech_prob is None  # no confidence: all words count
+        assert fake.formats == ["verbose_json", "json", "json"]
+        assert asr.held()["open_streams"] == 0
 
 
 @pytest.mark.parametrize("mode, words", [("stall", "stalled"), ("garbage", "not a transcription"),

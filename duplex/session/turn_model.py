@@ -1,9 +1,10 @@
-"""Learned turn-taking decisions: small linear models (weights in one JSON file, applied with
-numpy) of what an overlap is (backchannel / interruption / noise) once its words are heard, of
-whether an overlap's sound alone is a caller taking the floor (read when its time would
-interrupt: ``barge_in.sound: learned``), and of whether a pause ends a complete turn. Trained
-from a synthetic corpus of many voices, rooms and lines by ``duplex bench turn-taking --train``
-(tools/duplex_tools/turn_corpus); the default server needs nothing but numpy to apply them.
+"""Learned turn-taking decisions: small models (weights in one JSON file, applied with numpy) of
+what an overlap is (backchannel / interruption / noise) once its words are heard and of whether a
+pause ends a complete turn (linear), and of whether an overlap's sound alone is a caller taking
+the floor (a net of one hidden layer, read when its time would interrupt: ``barge_in.sound:
+learned``). Trained from a synthetic corpus of many voices, rooms and lines by ``duplex bench
+turn-taking --train`` (tools/duplex_tools/turn_corpus); the default server needs nothing but
+numpy to apply them.
 
 Their inputs are what the session has at the decision: the sound since the overlap's onset (per
 frame: level, periodicity, pitch, flatness, the VAD's verdict: ``overlap_sound.SoundTrace``), the
@@ -107,11 +108,52 @@ class LinearModel:
 
 
 @dataclass(frozen=True)
+class MLPModel:
+    """A small neural net of two classes: standardise, one hidden layer (ReLU), then the logistic
+    P(classes[1]). The sound reading's shape: an overlap's measures tell a caller taking the
+    floor from a backchannel or a noise by how they combine (a steady pitch is a hum when the
+    level repeats, speech when it does not), which a straight line through them cannot draw."""
+
+    classes: tuple[str, ...]
+    features: tuple[str, ...]
+    mean: np.ndarray
+    scale: np.ndarray
+    hidden_weights: np.ndarray  # hidden x features
+    hidden_bias: np.ndarray
+    out_weights: np.ndarray  # hidden
+    out_bias: float
+
+    def probabilities(self, x: np.ndarray) -> dict[str, float]:
+        hidden = np.maximum(0.0, self.hidden_weights @ ((x - self.mean) / self.scale) + self.hidden_bias)
+        z = float(self.out_weights @ hidden) + self.out_bias
+        p = 1.0 / (1.0 + math.exp(-min(max(z, -500.0), 500.0)))
+        return {self.classes[0]: 1 - p, self.classes[1]: p}
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": "mlp", "classes": list(self.classes), "features": list(self.features),
+                "mean": self.mean.tolist(), "scale": self.scale.tolist(),
+                "hidden_weights": self.hidden_weights.tolist(), "hidden_bias": self.hidden_bias.tolist(),
+                "out_weights": self.out_weights.tolist(), "out_bias": self.out_bias}
+
+    @classmethod
+    def from_json(cls, data: dict) -> MLPModel:
+        return cls(tuple(data["classes"]), tuple(data["features"]), np.asarray(data["mean"], np.float64),
+                   np.asarray(data["scale"], np.float64), np.asarray(data["hidden_weights"], np.float64),
+                   np.asarray(data["hidden_bias"], np.float64), np.asarray(data["out_weights"], np.float64),
+                   float(data["out_bias"]))
+
+
+def model_from_json(data: dict) -> LinearModel | MLPModel:
+    """A model as ``to_json`` wrote it (a file without ``kind`` holds a linear one)."""
+    return MLPModel.from_json(data) if data.get("kind") == "mlp" else LinearModel.from_json(data)
+
+
+@dataclass(frozen=True)
 class TurnModels:
     overlap: LinearModel
     pause: LinearModel
     complete_at: float = 0.5  # P(complete) at/above which a pause ends the turn
-    sound: LinearModel | None = None  # the overlap's sound alone: P(other) (a backchannel or a noise)
+    sound: LinearModel | MLPModel | None = None  # the overlap's sound alone: P(other) (a backchannel or a noise)
     hold_at: float = 1.0  # P(other) at/above which a sound is held for its words at interrupt_ms
 
     @classmethod
@@ -119,7 +161,7 @@ class TurnModels:
         """The models in ``path`` (a ValueError names what is wrong with it)."""
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         overlap, pause = LinearModel.from_json(data["overlap"]), LinearModel.from_json(data["pause"])
-        sound = LinearModel.from_json(data["sound"]) if "sound" in data else None
+        sound = model_from_json(data["sound"]) if "sound" in data else None
         if overlap.features != OVERLAP_FEATURES or pause.features != PAUSE_FEATURES or (
                 sound is not None and sound.features != SOUND_FEATURES):
             raise ValueError(f"{path}: its features are not this duplex's (retrain: duplex bench turn-taking --train)")

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 from wyoming.asr import Transcribe
 from wyoming.asr import Transcript as WyomingTranscript
@@ -56,7 +57,7 @@ class _Turn:
     samples: int = 0
     frame: int = SESSION_RATE // 50  # samples per voice decision
     covered: int = 0  # frames the interim text covers
-    interim: str | None = None
+    interim: Transcript | None = None  # the speculative final's words
     last_voiced: int = -1  # index of the last voiced frame
     finished: bool = False  # the final is out: no interim may follow it
 
@@ -122,9 +123,9 @@ class ServerASR:
                 if item.data is not None:
                     stream = await self._stream(stream, pcm16(turn.add(item.data)))
                 if item.eos:
-                    text = await self._final(turn, stream, speculative)
+                    words = await self._final(turn, stream, speculative)
                     turn.finished = True
-                    out.put_nowait(Transcript(text, final=True))
+                    out.put_nowait(words)
                 elif self._settled(turn):
                     if speculative is not None:
                         speculative.cancel()
@@ -141,9 +142,10 @@ class ServerASR:
                 await asyncio.gather(speculative, return_exceptions=True)
         out.put_nowait(ended)  # None: the request's end
 
-    async def _final(self, turn: _Turn, stream: Connection | None, speculative: asyncio.Task[None] | None) -> str:
+    async def _final(self, turn: _Turn, stream: Connection | None,
+                     speculative: asyncio.Task[None] | None) -> Transcript:
         if turn.last_voiced < 0 or sum(turn.voiced) * turn.frame < self.settings.min_speech_s * SESSION_RATE:
-            return ""  # nothing was said (Whisper makes words up from silence)
+            return Transcript("", final=True)  # nothing was said (Whisper makes words up from silence)
         if speculative is not None and turn.last_voiced < turn.covered:
             await asyncio.gather(speculative, return_exceptions=True)  # it covers every voiced frame
             if turn.interim is not None:
@@ -165,14 +167,15 @@ class ServerASR:
 
     async def _speculate(self, turn: _Turn, audio: np.ndarray, out: asyncio.Queue) -> None:
         try:
-            text = await self._transcribe(audio)
+            words = await self._transcribe(audio)
         except ServiceError:
             return  # a speculative final is a luxury: the end of the turn asks again
-        turn.interim = text
-        if text and not turn.finished:
-            out.put_nowait(Transcript(text, final=False))
+        turn.interim = words
+        if words.text and not turn.finished:
+            out.put_nowait(msgspec.structs.replace(words, final=False))
 
-    # -- the transport (a server that only takes whole clips needs only ``_transcribe``) ------------
+    # -- the transport (a server that only takes whole clips needs only ``_transcribe``): each
+    # answers a final ``Transcript``, with the server's confidence in it where it gives one -------
     async def _start_stream(self) -> Any:
         """The turn's streamed request, or None (then the final is one ``_transcribe``)."""
         return None
@@ -180,13 +183,13 @@ class ServerASR:
     async def _stream(self, stream: Any, pcm: bytes) -> Any:
         return stream
 
-    async def _finish_stream(self, stream: Any) -> str:
+    async def _finish_stream(self, stream: Any) -> Transcript:
         raise ServiceError("this transport streams nothing")
 
     async def _close_stream(self, stream: Any) -> None:
         pass
 
-    async def _transcribe(self, audio: np.ndarray) -> str:
+    async def _transcribe(self, audio: np.ndarray) -> Transcript:
         raise NotImplementedError
 
 
@@ -222,14 +225,14 @@ class WyomingASR(ServerASR):
             await self._close(stream)
             return None
 
-    async def _finish_stream(self, stream: Connection) -> str:
+    async def _finish_stream(self, stream: Connection) -> Transcript:
         await stream.send(AudioStop())
         return await self._transcript(stream)
 
     async def _close_stream(self, stream: Connection) -> None:
         await self._close(stream)
 
-    async def _transcribe(self, audio: np.ndarray) -> str:
+    async def _transcribe(self, audio: np.ndarray) -> Transcript:
         connection = await self._open()
         try:
             await connection.send(Transcribe(language=self.settings.language))
@@ -243,12 +246,13 @@ class WyomingASR(ServerASR):
         finally:
             await self._close(connection)
 
-    async def _transcript(self, connection: Connection) -> str:
+    async def _transcript(self, connection: Connection) -> Transcript:
+        """The server's transcript (Wyoming's says nothing of its confidence)."""
         self.calls += 1
         while True:
             event = await connection.receive(self.settings.transcript_timeout_s)
             if WyomingTranscript.is_type(event.type):
-                return " ".join(WyomingTranscript.from_event(event).text.split())
+                return Transcript(" ".join(WyomingTranscript.from_event(event).text.split()), final=True)
 
     async def _open(self) -> Connection:
         connection = await Connection.open(self.endpoint, self.settings.connect_timeout_s,

@@ -1,6 +1,12 @@
 """The OpenAI-compatible ASR transport: ``POST {base_url}/audio/transcriptions`` (multipart: the
-clip as a 16 kHz WAV, ``model``, ``language``, ``response_format=json``) -> ``{"text": ...}``, as
+clip as a 16 kHz WAV, ``model``, ``language``, ``response_format``) -> ``{"text": ...}``, as
 OpenAI's API, vLLM serving Whisper and faster-whisper-server answer it.
+
+It asks for ``verbose_json``: Whisper's segments come with their mean log-probability per token
+and P(no speech), the confidence the listening barge-in weighs an overlap's words by
+(``barge_in.min_logprob``), as the in-process recogniser gives it. A server that refuses that
+format (OpenAI's newer transcription models take ``json`` only) is asked for ``json`` from then
+on, and its words come without a confidence (every word counts, as before).
 
 Such a server takes whole clips, so nothing streams while the caller speaks: the speculative
 final at a pause and the final at the end of the turn are one request each, with the turn's audio
@@ -12,6 +18,7 @@ message, a body that is not a transcription.
 from __future__ import annotations
 
 import io
+import math
 import wave
 
 import httpx
@@ -19,7 +26,7 @@ import numpy as np
 
 from duplex.models.speech.asr import ASRSettings, ServerASR
 from duplex.models.speech.client import ServiceError, pcm16
-from duplex.runtime.contract import SESSION_RATE
+from duplex.runtime.contract import SESSION_RATE, Transcript
 
 
 def wav_bytes(audio: np.ndarray) -> bytes:
@@ -37,15 +44,23 @@ class OpenAIASR(ServerASR):
         super().__init__(settings)
         self.base_url, self.model, self._api_key = base_url.rstrip("/"), model, api_key
         self._http: httpx.AsyncClient | None = None  # made on the stage's loop, at first use
+        self._verbose = True  # ask for segments with their confidence, until the server refuses them
 
     @property
     def where(self) -> str:
         return f"asr server at {self.base_url}"
 
-    async def _transcribe(self, audio: np.ndarray) -> str:
+    async def _transcribe(self, audio: np.ndarray) -> Transcript:
+        reply = await self._post(audio)
+        if self._verbose and _refuses_verbose(reply):
+            self._verbose = False
+            reply = await self._post(audio)
+        return self._words(reply)
+
+    async def _post(self, audio: np.ndarray) -> httpx.Response:
         if self._http is None:
             self._http = httpx.AsyncClient(headers={"Authorization": f"Bearer {self._api_key}"})
-        fields = {"model": self.model, "response_format": "json"}
+        fields = {"model": self.model, "response_format": "verbose_json" if self._verbose else "json"}
         if self.settings.language:
             fields["language"] = self.settings.language
         timeout = httpx.Timeout(self.settings.transcript_timeout_s, connect=self.settings.connect_timeout_s)
@@ -63,15 +78,40 @@ class OpenAIASR(ServerASR):
             raise ServiceError(f"{self.where} hung up mid-answer ({type(exc).__name__})") from None
         finally:
             self._streams -= 1
-        return self._text(reply)
+        return reply
 
-    def _text(self, reply: httpx.Response) -> str:
+    def _words(self, reply: httpx.Response) -> Transcript:
         if reply.status_code != 200:
             raise ServiceError(f"{self.where} answered HTTP {reply.status_code}: {reply.text[:300]}")
         try:
-            text = reply.json()["text"]
+            body = reply.json()
+            text = body["text"]
         except (ValueError, KeyError, TypeError):
-            text = None
+            body, text = None, None
         if not isinstance(text, str):
             raise ServiceError(f"{self.where} sent something that is not a transcription: {reply.text[:100]!r}")
-        return " ".join(text.split())
+        avg_logprob, no_speech_prob = _confidence(body.get("segments"))
+        return Transcript(" ".join(text.split()), final=True, avg_logprob=avg_logprob, no_speech_prob=no_speech_prob)
+
+
+def _refuses_verbose(reply: httpx.Response) -> bool:
+    """A 400 that names the response format: the server (or its model) takes ``json`` only."""
+    return reply.status_code == 400 and ("response_format" in reply.text or "verbose_json" in reply.text)
+
+
+def _confidence(segments: object) -> tuple[float | None, float | None]:
+    """The clip's mean log-probability per token (its segments', weighted by their tokens) and
+    the first segment's P(no speech); None where the server sent no such numbers."""
+    if not isinstance(segments, list) or not segments:
+        return None, None
+    weighted, tokens = 0.0, 0
+    for segment in segments:
+        logprob = segment.get("avg_logprob") if isinstance(segment, dict) else None
+        if not isinstance(logprob, (int, float)) or isinstance(logprob, bool) or not math.isfinite(logprob):
+            return None, None  # one segment unscored: the clip's confidence is unknown
+        count = segment.get("tokens")
+        n = len(count) if isinstance(count, list) and count else 1
+        weighted, tokens = weighted + float(logprob) * n, tokens + n
+    first = segments[0].get("no_speech_prob")
+    no_speech = float(first) if isinstance(first, (int, float)) and not isinstance(first, bool) else None
+    return weighted / tokens, no_speech

@@ -4,6 +4,7 @@ map of take-overs by variant x condition."""
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,6 +21,7 @@ MEANING = {"pause": ("took over a mid-sentence pause", "<= 0.10", "<= 0.15"),
            "interruption": ("yielded to a real interruption", ">= 0.95", ">= 0.90"),
            "smooth": ("answered a complete turn", "(higher is better)", "")}
 FLOOR_NOTE = "synthetic speakers and noises: a floor, not proof of hearing real callers"
+TAKEOVER_WANTED = frozenset({"interruption", "smooth"})  # categories where a take-over is the right answer
 
 
 def _rate(outcomes: Iterable[Outcome]) -> tuple[float, int, int]:
@@ -103,7 +105,9 @@ def heat_map(outcomes: list[Outcome], path: Path, command: str,
         cells = grouped([o for o in outcomes if o.way == way], lambda o: (o.clip.category, o.clip.variant,
                                                                           o.clip.condition))
         grid = np.array([[_rate(cells.get((c, v, k), []))[0] for k in spec.CONDITIONS] for c, v in rows])
-        ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn_r", aspect="auto")
+        # coloured by how wrong the cell is: a missed interruption is as red as a cut backchannel
+        wanted = np.array([[c in TAKEOVER_WANTED] for c, _ in rows])
+        ax.imshow(np.where(wanted, 1 - grid, grid), vmin=0, vmax=1, cmap="RdYlGn_r", aspect="auto")
         ax.set_xticks(range(len(spec.CONDITIONS)), spec.CONDITIONS, fontsize=7, rotation=30)
         ax.set_yticks(range(len(rows)), [f"{c}: {v}" for c, v in rows] if ax is axes[0][0] else [""] * len(rows),
                       fontsize=6)
@@ -112,8 +116,11 @@ def heat_map(outcomes: list[Outcome], path: Path, command: str,
             for x in range(grid.shape[1]):
                 if not np.isnan(grid[y, x]):
                     ax.text(x, y, f"{grid[y, x]:.2f}", ha="center", va="center", fontsize=5)
-    fig.suptitle(f"take-over rate by variant x condition (interruption, smooth: higher is better; others lower)\n"
-                 f"{FLOOR_NOTE}\nmade by: {command}", fontsize=8)
+    made_by = "\n".join(textwrap.wrap(f"made by: {command}", width=int(45 * len(ways) + 20),
+                                       subsequent_indent="    "))
+    fig.suptitle(f"take-over rate by variant x condition (numbers); colour: green right, red wrong\n"
+                 f"(interruption, smooth: a take-over is right; the others: wrong)\n{FLOOR_NOTE}\n{made_by}",
+                 fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
