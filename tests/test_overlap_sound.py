@@ -139,6 +139,28 @@ def test_the_features_tell_a_gliding_voice_from_a_held_chord_and_a_keyboard():
     assert _features(np.zeros(RATE), np.zeros(50, bool)) == dict.fromkeys(SOUND_FEATURES, 0.0)
 
 
+def _vowels(formants: list[tuple[float, float]], seconds_each: float) -> np.ndarray:
+    """A voice at 120 Hz through two resonances per stretch: a vowel each (one stretch: a hum)."""
+    n = int(RATE * seconds_each)
+    t = np.arange(n) / RATE
+    pieces = []
+    for first, second in formants:
+        harmonics = np.arange(1, 30) * 120.0
+        gain = 1 / (1 + ((harmonics - first) / 80) ** 2) + 0.5 / (1 + ((harmonics - second) / 120) ** 2)
+        pieces.append(sum(g * np.sin(2 * np.pi * h * t) for h, g in zip(harmonics, gain)))
+    signal = np.concatenate(pieces)
+    return 8000 * signal / np.abs(signal).max()
+
+
+def test_the_spectral_shape_moves_with_articulation_and_holds_still_in_a_hum():
+    speech = _vowels([(300, 2300), (700, 1200), (500, 1800), (350, 900), (650, 1100)] * 2, 0.1)  # vowels
+    hum = _vowels([(250, 2200)], 1.0)  # "mmm": one shape throughout
+    every = np.ones(50, bool)
+    speech_f, hum_f = _features(speech, every), _features(hum, every)
+    assert speech_f["shape_flux"] > 2 * hum_f["shape_flux"]
+    assert speech_f["shape_spread"] > 2 * hum_f["shape_spread"]
+
+
 def test_a_model_file_without_the_sound_reading_loads_and_holds_nothing(tmp_path: Path):
     if not MODEL_PATH.is_file():
         pytest.skip("duplex/session/turn_model.json is not there")

@@ -102,8 +102,8 @@ class BargeInConfig(_Strict):
     # flatness, level, how its level repeats) holds one it hears as a backchannel or a noise for
     # its words, which then decide; read again as a caller taking the floor, or at max_held_ms, it
     # interrupts. ``learned`` is the default: on the held-out voices of the synthetic corpus it cut
-    # a noise 0.016 of the time against 0.32 and a backchannel 0.23 against 0.40, and honoured
-    # interruptions as often (0.96), 0.1 s later at the median (docs/benchmarks/turn-corpus.md)
+    # a noise 0.03 of the time against 0.32 and a backchannel 0.21 against 0.40, and honoured
+    # interruptions as often (0.96), 60 ms later at the median (docs/benchmarks/turn-corpus.md)
     sound: Literal["voiced", "learned"] = "learned"
     # the longest a sound held for its words pauses the reply; default: twice max_overlap_ms
     max_held_ms: int | None = Field(None, ge=100, le=20_000)

@@ -1,12 +1,13 @@
-"""An overlap's sound, read without its words: per 20 ms frame its level, periodicity, pitch and
-spectral flatness (``SoundTrace``), and the acoustic features (``SOUND_FEATURES``) the learned
-sound reading (``turn_model``) reads at the moment the voiced time alone would interrupt
-(``barge_in.interrupt_ms``, ``barge_in.sound: learned``).
+"""An overlap's sound, read without its words: per 20 ms frame its level, periodicity, pitch,
+spectral flatness and spectral shape (``SoundTrace``), and the acoustic features
+(``SOUND_FEATURES``) the learned sound reading (``turn_model``) reads at the moment the voiced
+time alone would interrupt (``barge_in.interrupt_ms``, ``barge_in.sound: learned``).
 
 Why these: a caller who takes the floor speaks on, in syllables with a moving pitch, one breath
-group after another; "mm-hmm, mm-hmm" and "yeah yeah" are short bursts with gaps between them and
-a flat or falling contour; a keyboard, a knock or clicks are many short unpitched bursts; a
-laugh is even, repeated syllables on one pitch; music holds its pitch with a steady level.
+group after another, the spectrum's shape moving as the mouth does; "mm-hmm, mm-hmm" and "yeah
+yeah" are short bursts with gaps between them and a flat or falling contour, a hum holds one
+shape; a keyboard, a knock or clicks are many short unpitched bursts; a laugh is even, repeated
+syllables on one pitch; music holds its pitch with a steady level.
 Everything here comes from the frames the session already holds (``TurnAudio``), with numpy."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ RATE = 16_000
 _MIN_LAG, _MAX_LAG = 40, 267  # 60-400 Hz at 16 kHz: a voice's pitch periods
 _BAND_HZ = (200.0, 3400.0)  # what every line carries (the phone's band): flatness is read inside it
 PITCHED = 0.6  # periodicity at/above which a frame has a pitch (a vowel near 1, a hiss near 0)
+SHAPE_BANDS = 12  # bands of a frame's spectral shape (``_spectrum``): about a third of an octave each
 
 
 def _peak(window: np.ndarray) -> tuple[float, int]:
@@ -48,15 +50,30 @@ def spectrum_of(frame: np.ndarray) -> tuple[float, float]:
     power spectrum's geometric over its arithmetic mean: a hiss or a click near 1, a vowel or a
     chord near 0. The centroid is high for the hiss of "s", "t", "ch" (which sentences have and
     "mm-hmm", "yeah" mostly lack) and low for a hum."""
+    flatness_, centroid, _ = _spectrum(frame)
+    return flatness_, centroid
+
+
+_SHAPE_EDGES_HZ = np.geomspace(_BAND_HZ[0], _BAND_HZ[1], SHAPE_BANDS + 1)
+
+
+def _spectrum(frame: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """``spectrum_of`` and the frame's spectral shape: its log power in ``SHAPE_BANDS`` bands
+    spaced evenly in pitch across the phone band, less their mean (so the level does not count).
+    Speech moves its shape from one frame to the next (a vowel's formants glide into a
+    consonant's); a hum, a held "mm" and most noises keep it."""
     x = np.asarray(frame, np.float64)
     if len(x) < 2 or not np.any(x):
-        return 1.0, 0.0
+        return 1.0, 0.0, np.zeros(SHAPE_BANDS)
     power = np.abs(np.fft.rfft(x * np.hanning(len(x)))) ** 2
     freqs = np.fft.rfftfreq(len(x), 1 / RATE)
     inside = (freqs >= _BAND_HZ[0]) & (freqs <= _BAND_HZ[1])
     band = power[inside] + 1e-12
     centroid = float(np.dot(freqs[inside], band) / band.sum()) / 1000
-    return float(np.exp(np.mean(np.log(band))) / np.mean(band)), centroid
+    energies = np.array([power[(freqs >= low) & (freqs < high)].mean() + 1e-3
+                         for low, high in zip(_SHAPE_EDGES_HZ[:-1], _SHAPE_EDGES_HZ[1:])])
+    shape = np.log(energies)
+    return float(np.exp(np.mean(np.log(band))) / np.mean(band)), centroid, shape - shape.mean()
 
 
 def flatness(frame: np.ndarray) -> float:
@@ -72,8 +89,8 @@ def _level_db(frame: np.ndarray) -> float:
 @dataclass(frozen=True)
 class SoundTrace:
     """The overlap's sound per frame (from its onset's prefix on): level (dBFS), periodicity,
-    pitch (Hz, of the periodicity's peak; read only where periodic), spectral flatness and
-    centroid (kHz), and the VAD's verdict."""
+    pitch (Hz, of the periodicity's peak; read only where periodic), spectral flatness, centroid
+    (kHz) and shape (``_spectrum``), and the VAD's verdict."""
 
     levels: np.ndarray
     periodic: np.ndarray
@@ -81,29 +98,31 @@ class SoundTrace:
     pitch: np.ndarray
     flat: np.ndarray
     centroid: np.ndarray
+    shapes: np.ndarray  # frames x SHAPE_BANDS
 
     @classmethod
     def of(cls, frames: list[tuple[np.ndarray, bool]]) -> SoundTrace:
         """``frames``: int16 16 kHz samples and the VAD's verdict (``TurnAudio``'s frames)."""
-        levels, periodic, pitch, flat, centroid = [], [], [], [], []
+        levels, periodic, pitch, flat, centroid, shapes = [], [], [], [], [], []
         previous = np.zeros(0, np.int16)
         for frame, _ in frames:
             levels.append(_level_db(frame))
             strength, lag = _peak(np.concatenate([previous, frame]))
             periodic.append(strength)
             pitch.append(RATE / lag if lag else 0.0)
-            flatness_, centroid_ = spectrum_of(frame)
+            flatness_, centroid_, shape = _spectrum(frame)
             flat.append(flatness_)
             centroid.append(centroid_)
+            shapes.append(shape)
             previous = frame
         return cls(np.asarray(levels), np.asarray(periodic), [voiced for _, voiced in frames], np.asarray(pitch),
-                   np.asarray(flat), np.asarray(centroid))
+                   np.asarray(flat), np.asarray(centroid), np.asarray(shapes).reshape(len(frames), SHAPE_BANDS))
 
 
 _MEASURES = ("sound_s", "voiced_share", "bursts_per_s", "longest_gap_s", "periodic_mean", "pitched_share",
                   "pitch_spread", "pitch_step", "flatness_mean", "flatness_spread", "level_above_floor",
                   "level_spread", "level_flux", "level_trend", "level_repeat", "centroid_mean", "centroid_spread",
-                  "hiss_share")
+                  "hiss_share", "shape_flux", "shape_spread")
 # the measures and their squares: a linear model of both draws a curved line between the classes
 # (a middling pitch spread or level is speech; a very flat or very jumpy one is not)
 SOUND_FEATURES = _MEASURES + tuple(f"{name}^2" for name in _MEASURES)
@@ -174,7 +193,25 @@ def _measures(trace: SoundTrace, voiced: np.ndarray) -> np.ndarray:
         float(np.mean(np.abs(np.diff(levels)))) / 10 if len(levels) > 1 else 0.0,
         float(levels[-third:].mean() - levels[:third].mean()) / 10, _repeat(levels),
         float(trace.centroid[voiced].mean()), float(trace.centroid[voiced].std()), _hiss_share(trace, first, last),
+        *_shape_motion(trace, voiced),
     ], np.float64)
+
+
+_SHAPE_FLOOR_DB = 30.0  # the shape is read on voiced frames this far below the loudest, at most
+
+
+def _shape_motion(trace: SoundTrace, voiced: np.ndarray) -> tuple[float, float]:
+    """How the spectral shape moves over the sound's loud voiced frames: from one frame to the
+    next (the RMS of the change, over neighbouring frames) and across them all (the bands'
+    spread): speech's articulation against a hum's or a noise's steady shape."""
+    levels = trace.levels[voiced]
+    loud = voiced[levels >= levels.max() - _SHAPE_FLOOR_DB]
+    if loud.size < 2:
+        return 0.0, 0.0
+    shapes = trace.shapes[loud]
+    steps = [float(np.sqrt(np.mean((trace.shapes[a] - trace.shapes[b]) ** 2)))
+             for a, b in zip(loud[:-1], loud[1:]) if b == a + 1]
+    return (float(np.mean(steps)) if steps else 0.0), float(shapes.std(axis=0).mean())
 
 
 def _hiss_share(trace: SoundTrace, first: int, last: int) -> float:
