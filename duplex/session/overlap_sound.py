@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -57,6 +58,28 @@ def spectrum_of(frame: np.ndarray) -> tuple[float, float]:
 _SHAPE_EDGES_HZ = np.geomspace(_BAND_HZ[0], _BAND_HZ[1], SHAPE_BANDS + 1)
 
 
+@dataclass(frozen=True)
+class _Bins:
+    """What reading a frame of one length needs, made once per length (every 20 ms frame of an
+    overlap is read at every reading): its window, the phone band's bins and their frequencies,
+    and each shape band's share of the bins (rows average a band's power)."""
+
+    window: np.ndarray
+    inside: np.ndarray
+    freqs: np.ndarray
+    bands: np.ndarray  # SHAPE_BANDS x bins
+
+    @staticmethod
+    @lru_cache(maxsize=8)
+    def of(length: int) -> _Bins:
+        freqs = np.fft.rfftfreq(length, 1 / RATE)
+        member = np.array([(freqs >= low) & (freqs < high)
+                           for low, high in zip(_SHAPE_EDGES_HZ[:-1], _SHAPE_EDGES_HZ[1:])], np.float64)
+        inside = (freqs >= _BAND_HZ[0]) & (freqs <= _BAND_HZ[1])
+        counts = np.maximum(member.sum(axis=1, keepdims=True), 1)  # a band too narrow for any bin reads 0
+        return _Bins(np.hanning(length), inside, freqs[inside], member / counts)
+
+
 def _spectrum(frame: np.ndarray) -> tuple[float, float, np.ndarray]:
     """``spectrum_of`` and the frame's spectral shape: its log power in ``SHAPE_BANDS`` bands
     spaced evenly in pitch across the phone band, less their mean (so the level does not count).
@@ -65,14 +88,11 @@ def _spectrum(frame: np.ndarray) -> tuple[float, float, np.ndarray]:
     x = np.asarray(frame, np.float64)
     if len(x) < 2 or not np.any(x):
         return 1.0, 0.0, np.zeros(SHAPE_BANDS)
-    power = np.abs(np.fft.rfft(x * np.hanning(len(x)))) ** 2
-    freqs = np.fft.rfftfreq(len(x), 1 / RATE)
-    inside = (freqs >= _BAND_HZ[0]) & (freqs <= _BAND_HZ[1])
-    band = power[inside] + 1e-12
-    centroid = float(np.dot(freqs[inside], band) / band.sum()) / 1000
-    energies = np.array([power[(freqs >= low) & (freqs < high)].mean() + 1e-3
-                         for low, high in zip(_SHAPE_EDGES_HZ[:-1], _SHAPE_EDGES_HZ[1:])])
-    shape = np.log(energies)
+    bins = _Bins.of(len(x))
+    power = np.abs(np.fft.rfft(x * bins.window)) ** 2
+    band = power[bins.inside] + 1e-12
+    centroid = float(np.dot(bins.freqs, band) / band.sum()) / 1000
+    shape = np.log(bins.bands @ power + 1e-3)
     return float(np.exp(np.mean(np.log(band))) / np.mean(band)), centroid, shape - shape.mean()
 
 

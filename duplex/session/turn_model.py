@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -77,8 +78,45 @@ def pause_features(probability: float, text: str) -> np.ndarray:
                      float(trails), min(len(words), 20) / 10, float(not words)], np.float64)
 
 
+class _Weights:
+    """What both kinds of model share: the inputs standardised by the training part's mean and
+    scale, and the JSON they are written as (``to_json``: names as lists, numbers as nested lists;
+    ``KIND`` says which model reads it back)."""
+
+    KIND = ""
+    mean: np.ndarray
+    scale: np.ndarray
+
+    def standardised(self, x: np.ndarray) -> np.ndarray:
+        return (x - self.mean) / self.scale
+
+    def to_json(self) -> dict[str, object]:
+        data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+        return {"kind": self.KIND, **data} if self.KIND else data
+
+    @classmethod
+    def from_json(cls, data: dict) -> Self:
+        values = {f.name: tuple(data[f.name]) if f.name in _NAME_FIELDS
+                  else float(data[f.name]) if f.type == "float" else np.asarray(data[f.name], np.float64)
+                  for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**values)
+
+
+_NAME_FIELDS = ("classes", "features")
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _logistic(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-min(max(z, -500.0), 500.0)))  # clamped: exp overflows past ~709
+
+
 @dataclass(frozen=True)
-class LinearModel:
+class LinearModel(_Weights):
     """Multinomial logistic regression: standardise, then softmax(W x + b)."""
 
     classes: tuple[str, ...]
@@ -89,31 +127,22 @@ class LinearModel:
     bias: np.ndarray
 
     def probabilities(self, x: np.ndarray) -> dict[str, float]:
-        z = self.weights @ ((x - self.mean) / self.scale) + self.bias
+        z = self.weights @ self.standardised(x) + self.bias
         if len(self.classes) == 2 and self.weights.shape[0] == 1:  # binary: one row, P(classes[1])
-            p = 1.0 / (1.0 + math.exp(-float(z[0])))
+            p = _logistic(float(z[0]))
             return {self.classes[0]: 1 - p, self.classes[1]: p}
         e = np.exp(z - z.max())
         return dict(zip(self.classes, (e / e.sum()).tolist()))
 
-    def to_json(self) -> dict[str, object]:
-        return {"classes": list(self.classes), "features": list(self.features), "mean": self.mean.tolist(),
-                "scale": self.scale.tolist(), "weights": self.weights.tolist(), "bias": self.bias.tolist()}
-
-    @classmethod
-    def from_json(cls, data: dict[str, list]) -> LinearModel:
-        return cls(tuple(data["classes"]), tuple(data["features"]), np.asarray(data["mean"], np.float64),
-                   np.asarray(data["scale"], np.float64), np.asarray(data["weights"], np.float64),
-                   np.asarray(data["bias"], np.float64))
-
 
 @dataclass(frozen=True)
-class MLPModel:
+class MLPModel(_Weights):
     """A small neural net of two classes: standardise, one hidden layer (ReLU), then the logistic
     P(classes[1]). The sound reading's shape: an overlap's measures tell a caller taking the
     floor from a backchannel or a noise by how they combine (a steady pitch is a hum when the
     level repeats, speech when it does not), which a straight line through them cannot draw."""
 
+    KIND = "mlp"
     classes: tuple[str, ...]
     features: tuple[str, ...]
     mean: np.ndarray
@@ -124,28 +153,14 @@ class MLPModel:
     out_bias: float
 
     def probabilities(self, x: np.ndarray) -> dict[str, float]:
-        hidden = np.maximum(0.0, self.hidden_weights @ ((x - self.mean) / self.scale) + self.hidden_bias)
-        z = float(self.out_weights @ hidden) + self.out_bias
-        p = 1.0 / (1.0 + math.exp(-min(max(z, -500.0), 500.0)))
+        hidden = np.maximum(0.0, self.hidden_weights @ self.standardised(x) + self.hidden_bias)
+        p = _logistic(float(self.out_weights @ hidden) + self.out_bias)
         return {self.classes[0]: 1 - p, self.classes[1]: p}
-
-    def to_json(self) -> dict[str, object]:
-        return {"kind": "mlp", "classes": list(self.classes), "features": list(self.features),
-                "mean": self.mean.tolist(), "scale": self.scale.tolist(),
-                "hidden_weights": self.hidden_weights.tolist(), "hidden_bias": self.hidden_bias.tolist(),
-                "out_weights": self.out_weights.tolist(), "out_bias": self.out_bias}
-
-    @classmethod
-    def from_json(cls, data: dict) -> MLPModel:
-        return cls(tuple(data["classes"]), tuple(data["features"]), np.asarray(data["mean"], np.float64),
-                   np.asarray(data["scale"], np.float64), np.asarray(data["hidden_weights"], np.float64),
-                   np.asarray(data["hidden_bias"], np.float64), np.asarray(data["out_weights"], np.float64),
-                   float(data["out_bias"]))
 
 
 def model_from_json(data: dict) -> LinearModel | MLPModel:
     """A model as ``to_json`` wrote it (a file without ``kind`` holds a linear one)."""
-    return MLPModel.from_json(data) if data.get("kind") == "mlp" else LinearModel.from_json(data)
+    return MLPModel.from_json(data) if data.get("kind") == MLPModel.KIND else LinearModel.from_json(data)
 
 
 @dataclass(frozen=True)

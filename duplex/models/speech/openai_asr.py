@@ -18,10 +18,10 @@ message, a body that is not a transcription.
 from __future__ import annotations
 
 import io
-import math
 import wave
 
 import httpx
+import msgspec
 import numpy as np
 
 from duplex.models.speech.asr import ASRSettings, ServerASR
@@ -84,34 +84,40 @@ class OpenAIASR(ServerASR):
         if reply.status_code != 200:
             raise ServiceError(f"{self.where} answered HTTP {reply.status_code}: {reply.text[:300]}")
         try:
-            body = reply.json()
-            text = body["text"]
-        except (ValueError, KeyError, TypeError):
-            body, text = None, None
-        if not isinstance(text, str):
-            raise ServiceError(f"{self.where} sent something that is not a transcription: {reply.text[:100]!r}")
-        avg_logprob, no_speech_prob = _confidence(body.get("segments"))
-        return Transcript(" ".join(text.split()), final=True, avg_logprob=avg_logprob, no_speech_prob=no_speech_prob)
+            answer = msgspec.json.decode(reply.content, type=_Transcription)
+        except msgspec.MsgspecError:
+            raise ServiceError(f"{self.where} sent something that is not a transcription: "
+                               f"{reply.text[:100]!r}") from None
+        avg_logprob, no_speech_prob = answer.confidence()
+        return Transcript(" ".join(answer.text.split()), final=True, avg_logprob=avg_logprob,
+                          no_speech_prob=no_speech_prob)
+
+
+class _Segment(msgspec.Struct):
+    """One of ``verbose_json``'s segments: what it says of its confidence (other fields ignored)."""
+
+    avg_logprob: float | None = None
+    no_speech_prob: float | None = None
+    tokens: list[int] = []
+
+
+class _Transcription(msgspec.Struct):
+    """A transcription: ``json``'s text, and ``verbose_json``'s segments too."""
+
+    text: str
+    segments: list[_Segment] = []
+
+    def confidence(self) -> tuple[float | None, float | None]:
+        """The clip's mean log-probability per token (its segments', weighted by their tokens)
+        and the first segment's P(no speech); None where the server sent no such numbers."""
+        scored = [s for s in self.segments if s.avg_logprob is not None]
+        if not scored or len(scored) < len(self.segments):  # one segment unscored: unknown
+            return None, None
+        weights = [max(1, len(s.tokens)) for s in scored]
+        mean = sum(w * float(s.avg_logprob or 0.0) for w, s in zip(weights, scored)) / sum(weights)
+        return mean, self.segments[0].no_speech_prob
 
 
 def _refuses_verbose(reply: httpx.Response) -> bool:
     """A 400 that names the response format: the server (or its model) takes ``json`` only."""
     return reply.status_code == 400 and ("response_format" in reply.text or "verbose_json" in reply.text)
-
-
-def _confidence(segments: object) -> tuple[float | None, float | None]:
-    """The clip's mean log-probability per token (its segments', weighted by their tokens) and
-    the first segment's P(no speech); None where the server sent no such numbers."""
-    if not isinstance(segments, list) or not segments:
-        return None, None
-    weighted, tokens = 0.0, 0
-    for segment in segments:
-        logprob = segment.get("avg_logprob") if isinstance(segment, dict) else None
-        if not isinstance(logprob, (int, float)) or isinstance(logprob, bool) or not math.isfinite(logprob):
-            return None, None  # one segment unscored: the clip's confidence is unknown
-        count = segment.get("tokens")
-        n = len(count) if isinstance(count, list) and count else 1
-        weighted, tokens = weighted + float(logprob) * n, tokens + n
-    first = segments[0].get("no_speech_prob")
-    no_speech = float(first) if isinstance(first, (int, float)) and not isinstance(first, bool) else None
-    return weighted / tokens, no_speech
