@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import multiprocessing as mp
+import os
 import signal
 from contextlib import suppress
 
@@ -47,6 +48,22 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def yield_cpu(by: int) -> None:
+    """Raise the nice of every thread of this process by ``by``. Linux keeps a nice per thread
+    and a new thread takes its creator's; threads that imports already started (OpenBLAS's pool
+    does the math) would otherwise keep the old one."""
+    if by <= 0:
+        return
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:  # no procfs: the calling thread, and what it starts from now on
+        os.nice(by)
+        return
+    for tid in threads:
+        with suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + by, 19))
 
 
 def end_process(process: mp.process.BaseProcess, grace_s: float) -> None:

@@ -5,6 +5,7 @@ import os
 import signal
 
 import psutil
+import pytest
 
 from duplex.runtime import shm
 from duplex.runtime.contract import ErrorCode, TurnRequest
@@ -237,3 +238,36 @@ async def test_a_bad_row_fails_alone_not_its_batch_mates():
             chunks, done = await asyncio.wait_for(handle.collect(), 20)
             assert done.status is RequestStatus.COMPLETED and texts(chunks, "upper") == [f"G{i}"]
         await coord.wait_idle(timeout=2)
+
+
+def _thread_nices(pid: int) -> set[int]:
+    """The nice of every thread of a process (Linux keeps one per thread: field 19 of its stat)."""
+    nices = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+            nices.add(int(stat.read().rsplit(")", 1)[1].split()[16]))
+    return nices
+
+
+async def test_stage_processes_yield_the_cpu_by_their_nice_on_every_thread():
+    stages = [{**STREAM[0], "process": "fused"}, {**STREAM[1], "process": "fused", "nice": 3},
+              {**STREAM[2], "nice": 0}]
+    base = os.nice(0)
+    async with coordinator(stages) as coord:
+        chunks, done = await asyncio.wait_for(coord.submit(data={"text": "n"}, eos=True).collect(), 20)
+        assert done.status is RequestStatus.COMPLETED  # every scheduler thread has started
+        stats = await coord.wait_idle(timeout=2)
+        # split is a CPU stage with no nice of its own (10); fused with upper (3), the lower wins
+        assert _thread_nices(stats["split"].pid) == {min(base + 3, 19)}
+        assert _thread_nices(stats["count"].pid) == {base}
+        assert len(os.listdir(f"/proc/{stats['split'].pid}/task")) > 1, "the check must see the stage's threads"
+
+
+def test_a_stage_nice_defaults_by_device_and_refuses_out_of_range():
+    from duplex.config.pipeline import CPU_STAGE_NICE, StageConfig
+
+    assert StageConfig(name="a", builder="b").niceness == CPU_STAGE_NICE
+    assert StageConfig(name="a", builder="b", device="cuda").niceness == 0
+    assert StageConfig(name="a", builder="b", nice=0).niceness == 0
+    with pytest.raises(ValueError, match="nice"):
+        StageConfig(name="a", builder="b", nice=20)

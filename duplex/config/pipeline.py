@@ -67,6 +67,9 @@ SCHEDULER_CONFIGS: dict[str, type[BaseModel]] = {
 }
 
 
+CPU_STAGE_NICE = 10  # a CPU stage's default nice: CFS then gives a nice-0 process ~9x its share
+
+
 class StageConfig(_Strict):
     name: str
     builder: str
@@ -75,6 +78,11 @@ class StageConfig(_Strict):
     device: str = "cpu"
     memory: float | int = 0.05  # fraction of the device (<= 1.0) or bytes
     threads: int = Field(1, ge=1)
+    # How much of the CPU the stage's process yields when the cores are contended (Linux nice,
+    # 0-19). The server's event loop and media workers hear the caller and stop the agent: on a
+    # CPU-bound box a model step must not delay that. None: 10 on the CPU, 0 on a GPU (there the
+    # process feeds the device and its launches are the device's pace).
+    nice: int | None = Field(None, ge=0, le=19)
     next: list[str] = Field(default_factory=list)
     stream_to: list[str] = Field(default_factory=list)
     wait_for: list[str] = Field(default_factory=list)
@@ -109,6 +117,12 @@ class StageConfig(_Strict):
     @property
     def process_name(self) -> str:
         return self.process or self.name
+
+    @property
+    def niceness(self) -> int:
+        if self.nice is not None:
+            return self.nice
+        return CPU_STAGE_NICE if self.device == "cpu" else 0
 
 
 class ControlConfig(_Strict):

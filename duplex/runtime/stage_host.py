@@ -37,7 +37,7 @@ from typing import Any
 import zmq
 
 from duplex.config.pipeline import PipelineConfig, StageConfig
-from duplex.lifecycle import die_with_parent
+from duplex.lifecycle import die_with_parent, yield_cpu
 from duplex.runtime import messages as m
 from duplex.runtime.contract import AgentAudio, BuildContext, Builder, ErrorCode, Request, StageError
 from duplex.runtime.devices import budget_bytes, cuda_presence, device_memory, device_problem
@@ -416,7 +416,9 @@ def host_main(spec: HostSpec, builders: Mapping[str, Builder]) -> None:
     logging.basicConfig(level=os.environ.get("DUPLEX_LOG", "WARNING"),
                         format=f"%(asctime)s {spec.process}[%(process)d] %(levelname)s %(message)s")
     pipeline = PipelineConfig.model_validate(spec.pipeline)
-    threads = max(s.threads for s in pipeline.processes()[spec.process])
+    stages = pipeline.processes()[spec.process]
+    yield_cpu(min(s.niceness for s in stages))  # fused stages: the most urgent one decides
+    threads = max(s.threads for s in stages)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # read by torch/numpy when a builder imports them
     host = StageHost(spec, builders)
     if "torch" in sys.modules:
