@@ -18,8 +18,10 @@ import pytest
 
 from duplex_tools.bench import turn_door as door
 from duplex_tools.bench import turn_door_report as door_report
+from duplex_tools.bench import turn_door_sip as door_sip
 from duplex_tools.harness import ServerProcess, server_stats
 from duplex_tools.turn_corpus import spec
+from duplex_tools.turn_corpus.render import render
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEAKER = spec.SPEAKERS[0]  # an espeak-ng voice with no pitch shift: made without sox or Piper
@@ -41,7 +43,10 @@ def test_the_sample_is_stratified_seeded_and_spreads_under_a_limit():
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback"], cwd=str(ROOT)) as proc:
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback", "--sip", "127.0.0.1:0"],
+                       cwd=str(ROOT)) as proc:
+        proc.sip = door_sip.sip_edge_of(proc.output)
+        assert proc.sip is not None, "".join(proc.output)
         yield proc
     assert proc.stop() == 0, "".join(proc.output[-30:])
 
@@ -95,3 +100,34 @@ def test_the_command_plays_its_sample_and_writes_its_report(server, tmp_path: Pa
     assert call["void"] is None and call["left_nothing"] is True
     assert report["categories"]["noise"]["calls"] == 1 and report["left_state_behind"] == 0
     assert (tmp_path / "heat.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@needs_a_server
+@pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (sip-tester) is not installed")
+def test_corpus_clips_play_end_to_end_through_sip(server, tmp_path: Path):
+    clips = [spec.Clip("interruption", "ask else", "clean", SPEAKER),
+             spec.Clip("backchannel", "uh-huh", "clean", SPEAKER)]
+    before = asyncio.run(door_sip.verdicts(server.url))
+    calls = asyncio.run(door_sip.play(server.sip, server.url, clips, tmp_path / "cache", voice="en-us"))
+    after = asyncio.run(door_sip.verdicts(server.url))
+    assert [c.void for c in calls] == [None, None], [c.void for c in calls]
+    interruption, backchannel = calls
+    # the server counted what a phone cannot be told: one interruption, and the sounds it let go
+    assert after.get("interruption", 0) - before.get("interruption", 0) == 1
+    assert sum(after.values()) - sum(before.values()) >= 2
+    assert interruption.takeover is True and backchannel.takeover is False
+    # the agent's audio at the phone went quiet while the caller was still speaking
+    clip = render(tmp_path / "cache", clips[0])
+    assert interruption.stop_ms is not None and 0 < interruption.stop_ms < 1000 * (clip.end - clip.start) / door.RATE
+    assert all(c.left_nothing for c in calls)
+    stats = server_stats(server.url)
+    assert stats["sessions"]["live"] == 0 and stats["edges"]["sip"]["calls"] == 0
+
+
+def test_the_sip_door_refuses_what_a_phone_cannot_show(tmp_path: Path):
+    for extra, said in ((["--categories", "pause"], "plays only backchannel, noise, interruption"),
+                        (["--url", "http://127.0.0.1:9"], "needs --sip-address")):
+        run = subprocess.run([sys.executable, "-m", "duplex.cli", "bench", "turn-taking", "--corpus", "dev",
+                              "--door", "sip", "--cache", str(tmp_path), *extra],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert run.returncode != 0 and said in run.stdout + run.stderr, run.stdout + run.stderr

@@ -110,6 +110,11 @@ async def test_prometheus_reads_the_turn_and_barge_in_histograms(server, questio
         rtf = prom.value('duplex_stage_real_time_factor{stage="voice"}')
         assert rtf is not None and 0.3 <= rtf < 1.0
         assert prom.value('duplex_calls_total{door="webrtc"}') >= 1
+        # every verdict on the caller's sounds the client was told of is counted, by kind
+        judged = [e["kind"] for e in client.of_type("duplex.overlap.judged")]
+        assert judged.count("interruption") == BARGE_INS
+        for kind in ("interruption", "backchannel", "noise"):
+            assert prom.value(f'duplex_overlap_verdicts_total{{door="webrtc",kind="{kind}"}}') == judged.count(kind)
         assert prom.value('duplex_auth_refused_total{reason="refused"}') >= 2
         prom.wait_for("sum(duplex_sessions) or vector(0)", lambda v: v == 0)
 

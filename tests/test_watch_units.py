@@ -74,6 +74,9 @@ def test_a_calls_events_fill_the_turn_and_barge_in_histograms():
               "req1")
     tap.event(ev.TurnMetrics(response_id="r1", barge_in_ms=85.0), "req1")
     tap.event(ev.SpeechStarted(audio_start_ms=0, item_id="i"), None)  # not a metric: ignored
+    for kind in ("backchannel", "backchannel", "interruption"):
+        tap.event(ev.OverlapJudged(response_id="r1", kind=kind, decided_by="sound", audio_start_ms=0,
+                                   overlap_ms=300, voiced_ms=200), "req1")
     frame = np.zeros(FORMAT.frame_samples * 2, np.int16)
     tap.agent_frame(frame, 1.0, late_s=0.019, starved=False)  # within a frame period: on time
     tap.agent_frame(frame, 1.0, late_s=0.021, starved=True)
@@ -87,6 +90,9 @@ def test_a_calls_events_fill_the_turn_and_barge_in_histograms():
     assert value("duplex_audio_late_frames_total", {"door": "webrtc"}) == 1
     assert value("duplex_audio_underrun_frames_total", {"door": "webrtc"}) == 1
     assert value("duplex_calls_total", {"door": "webrtc"}) == 1
+    verdicts = {kind: value("duplex_overlap_verdicts_total", {"door": "webrtc", "kind": kind})
+                for kind in ("interruption", "backchannel", "noise")}
+    assert verdicts == {"interruption": 1, "backchannel": 2, "noise": 0}
 
 
 # -- refusing calls -------------------------------------------------------------------------------

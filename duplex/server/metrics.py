@@ -15,6 +15,7 @@ counters.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -33,6 +34,7 @@ from duplex.session.realtime import events as ev
 from duplex.session.turn_timing import PARTS
 
 TURN_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+OVERLAP_KINDS = typing.get_args(typing.get_type_hints(ev.OverlapJudged)["kind"])
 BARGE_IN_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 
 
@@ -49,6 +51,9 @@ class CallMetrics:
         self.barge_in = Histogram("duplex_barge_in_stop_seconds",
                                   "Caller speech onset over the agent -> agent output flushed",
                                   ["door"], buckets=BARGE_IN_BUCKETS_S, registry=registry)
+        self.verdicts = Counter("duplex_overlap_verdicts", "What the caller's sounds over the agent were judged "
+                                "(an interruption cut the reply; a backchannel or a noise let it go on)",
+                                ["door", "kind"], registry=registry)
         self.calls = Counter("duplex_calls", "Calls (sessions) opened", ["door"], registry=registry)
         self.refused = Counter("duplex_calls_refused", "Calls turned away", ["door", "reason"], registry=registry)
         self.late = Counter("duplex_audio_late_frames",
@@ -71,9 +76,12 @@ class MetricsTap:
         self._barge_in = metrics.barge_in.labels(door)
         self._late = metrics.late.labels(door)
         self._starved = metrics.starved.labels(door)
+        self._verdicts = {kind: metrics.verdicts.labels(door, kind) for kind in OVERLAP_KINDS}
         metrics.calls.labels(door).inc()
 
     def event(self, event: ev.ServerEvent, request_id: str | None) -> None:
+        if isinstance(event, ev.OverlapJudged):
+            self._verdicts[event.kind].inc()
         if not isinstance(event, ev.TurnMetrics):
             return
         if event.barge_in_ms is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from duplex.edge.webrtc.rtc_options import use_loopback_candidates
 from duplex_tools.bench import turn_door as door
 from duplex_tools.bench import turn_door_report as door_report
+from duplex_tools.bench import turn_door_sip as door_sip
 from duplex_tools.harness import ServerProcess
 from duplex_tools.report import write_json
 from duplex_tools.turn_corpus import spec
@@ -25,32 +26,47 @@ READY_TIMEOUT_S = 300.0  # local loads Whisper, Gemma and Piper first: slow on 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("corpus end to end (with --corpus PART)")
-    group.add_argument("--door", choices=("webrtc",),
+    group.add_argument("--door", choices=("webrtc", "sip"),
                        help="play a stratified sample of --corpus PART end to end through this door, one call per "
-                            "clip, against a real `duplex serve --config CONFIG` (default local) or --url")
+                            "clip, against a real `duplex serve --config CONFIG` (default local) or --url; sip: "
+                            "SIPp places each call, G.711 both ways, overlaps only (pauses show in events a phone "
+                            "does not get)")
     group.add_argument("--calls-per-cell", type=int, default=2,
                        help="--door: calls per (variant, condition class: clean, noisy, room, phone); default 2")
     group.add_argument("--limit", type=int, help="--door: at most this many calls (spread over the cells)")
     group.add_argument("--seed", type=int, default=0, help="--door: the sample's seed (speakers, conditions)")
     group.add_argument("--url", help="--door: play against this running server (it must be ours alone) "
                                      "instead of starting one")
+    group.add_argument("--sip-address", metavar="HOST:PORT",
+                       help="--door sip with --url: where that server's SIP edge listens")
 
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _categories(value: str) -> tuple[str, ...]:
+def _categories(value: str, playable: tuple[str, ...]) -> tuple[str, ...]:
     chosen = tuple(c for c in value.split(",") if c)
     unknown = [c for c in chosen if c not in door.CATEGORIES]
     if unknown or not chosen:
         raise SystemExit(f"--categories with --door: unknown {unknown or value!r} "
                          f"(known: {', '.join(door.CATEGORIES)})")
-    return chosen
+    return tuple(c for c in chosen if c in playable)
 
 
-def _play(args: argparse.Namespace, url: str, clips: list[spec.Clip]) -> list[door.DoorCall]:
+def _play(args: argparse.Namespace, url: str, clips: list[spec.Clip],
+          sip: tuple[str, int] | None) -> list[door.DoorCall]:
+    if args.door == "sip":
+        assert sip is not None
+        return asyncio.run(door_sip.play(sip, url, clips, args.cache, args.voice, _say))
     return asyncio.run(door.play(url, clips, args.cache, args.voice, _say))
+
+
+def _address(value: str, what: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"{what}: expected HOST:PORT, got {value!r}")
+    return host, int(port)
 
 
 def run_door(args: argparse.Namespace) -> int:
@@ -59,7 +75,13 @@ def run_door(args: argparse.Namespace) -> int:
     command = "duplex bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     if args.calls_per_cell < 1:
         raise SystemExit("--calls-per-cell must be at least 1")
-    clips = door.sample(args.corpus, args.calls_per_cell, args.seed, _categories(args.categories))
+    playable = door_sip.CATEGORIES if args.door == "sip" else door.CATEGORIES
+    categories = _categories(args.categories, playable)
+    if not categories:
+        raise SystemExit(f"--door {args.door} plays only {', '.join(playable)}")
+    if args.door == "sip" and args.url and not args.sip_address:
+        raise SystemExit("--door sip with --url needs --sip-address HOST:PORT (the server's SIP edge)")
+    clips = door.sample(args.corpus, args.calls_per_cell, args.seed, categories)
     clips = clips[:args.limit] if args.limit is not None else clips
     _say(f"{len(clips)} calls from the {args.corpus} part; rendering their audio ...")
     for clip in clips:  # before the server starts: the calls then play back to back
@@ -67,16 +89,21 @@ def run_door(args: argparse.Namespace) -> int:
     use_loopback_candidates(True)
     config = args.config or DEFAULT_CONFIG
     if args.url:
-        way, calls = f"{args.door} ({args.url})", _play(args, args.url, clips)
+        sip = _address(args.sip_address, "--sip-address") if args.door == "sip" else None
+        way, calls = f"{args.door} ({args.url})", _play(args, args.url, clips, sip)
     else:
         _say(f"starting `duplex serve --config {config}` ...")
-        with ServerProcess(["--config", config, "--port", "0", "--ice-loopback"],
-                           ready_timeout=READY_TIMEOUT_S) as server:
+        serve = ["--config", config, "--port", "0", "--ice-loopback"]
+        serve += ["--sip", "127.0.0.1:0"] if args.door == "sip" else []
+        with ServerProcess(serve, ready_timeout=READY_TIMEOUT_S) as server:
             assert server.url is not None  # set once the server is ready, before the block runs
-            way, calls = f"{args.door} ({config})", _play(args, server.url, clips)
+            sip = door_sip.sip_edge_of(server.output) if args.door == "sip" else None
+            if args.door == "sip" and sip is None:
+                raise SystemExit("the server did not say where its SIP edge listens:\n" + "".join(server.output[-20:]))
+            way, calls = f"{args.door} ({config})", _play(args, server.url, clips, sip)
             if any(c.void not in (None, door.NOT_SPEAKING) for c in calls):
                 _say("a call failed; the server's last lines:\n" + "".join(server.output[-40:]))
-    report = door_report.print_report(calls, way, args.corpus)
+    report = door_report.print_report(calls, way, args.corpus, phone=args.door == "sip")
     report.update({"command": command, "part": args.corpus, "door": args.door, "way": way, "seed": args.seed,
                    "calls_per_cell": args.calls_per_cell, "calls": [door_report.call_json(c) for c in calls]})
     write_json(args.json_path, report)

@@ -56,7 +56,8 @@ def _shown(value: float | None, form: str = "{:.0f}") -> str:
     return "-" if value is None else form.format(value)
 
 
-def print_report(calls: list[DoorCall], way: str, part: str) -> dict[str, Any]:
+def print_report(calls: list[DoorCall], way: str, part: str, phone: bool = False) -> dict[str, Any]:
+    """``phone``: the calls came over a phone line (the phone's targets apply)."""
     report = summary(calls, way)
     rows = []
     for category, s in report["categories"].items():
@@ -64,7 +65,7 @@ def print_report(calls: list[DoorCall], way: str, part: str) -> dict[str, Any]:
         rate = "-" if s["rate"] is None else f"{s['rate']:.3f} ({s['take_overs']}/{s['calls'] - s['void']})"
         rows.append([category, rate, s["void"], *(_shown(r, "{:.2f}") for r in s["by_class"].values()),
                      *(_shown(latency[q]) for q in ("p50", "p95")), LATENCY.get(category, ""),
-                     *(_shown(answer[q]) for q in ("p50", "p95")), corpus_report.MEANING[category][1]])
+                     *(_shown(answer[q]) for q in ("p50", "p95")), corpus_report.MEANING[category][2 if phone else 1]])
     classes = list(dict.fromkeys(CONDITION_CLASSES.values()))
     print(f"corpus part: {part}, through {way} ({corpus_report.FLOOR_NOTE})")
     print(table(["category", "take-over rate", "void", *classes, "latency p50 ms", "p95", "latency",

@@ -1,0 +1,156 @@
+"""The corpus' overlaps end to end through the SIP door: each clip one phone call (``sip_caller``:
+SIPp places it, this process is the phone's G.711 audio) against a real server's SIP edge.
+
+The call is the WebRTC door's (``turn_door.py``): the caller asks the same question in the same
+voice and, once 1 s of the answer was heard, the clip plays over it from its sound's start to its
+end. A phone hears no events, so what the server made of the sound is read from its own counters
+(``duplex_overlap_verdicts_total{door="sip"}``, the calls one at a time on a server that is ours
+alone): a take-over is an interruption judged before the cut's window closed (as at the WebRTC
+door, the clip's end + the end-of-turn silence + ``CUT_WINDOW_S``). The stop (an interruption's
+onset -> the agent silent) is read from the agent's audio as it reached the phone. Pauses are
+not played here: whether a reply started in a pause shows in events a phone does not get."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from duplex.config.session import VadConfig
+from duplex_tools.bench.turn_door import NOT_SPEAKING, QUESTION, RATE, DoorCall, verdict
+from duplex_tools.client import RATE as SPEECH_RATE
+from duplex_tools.scenario.audio import step_audio
+from duplex_tools.scenario.measure import STOP_WINDOW_S
+from duplex_tools.scenario.model import PIPER, Scenario
+from duplex_tools.scenario.runner import CUT_WINDOW_S
+from duplex_tools.sip_caller import FRAME_S, PhoneAudio, SippCall
+from duplex_tools.turn_corpus import spec
+from duplex_tools.turn_corpus.render import render
+
+CATEGORIES = ("backchannel", "noise", "interruption")
+ANSWER_WAIT_S = 30.0  # the longest wait for 1 s of the answer (a busy box answers in seconds)
+FIRST_PACKET_S = 15.0  # the call answered and the agent's audio (silence at first) flowing
+REPLY_AFTER_S = 0.3  # the agent's next reply is never heard sooner than this after the caller's end
+
+
+def sip_edge_of(server_output: list[str]) -> tuple[str, int] | None:
+    """Where a started ``duplex serve --sip`` says its SIP edge listens."""
+    found = re.search(r"SIP on udp ([\d.]+):(\d+)", "".join(server_output))
+    return (found.group(1), int(found.group(2))) if found else None
+
+
+async def verdicts(url: str) -> dict[str, float]:
+    """The server's overlap verdicts at the SIP door so far, by kind."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        reply = await http.get(f"{url}/metrics")
+    reply.raise_for_status()
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(reply.text):
+        if family.name == "duplex_overlap_verdicts":
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels.get("door") == "sip":
+                    counts[sample.labels["kind"]] = sample.value
+    return counts
+
+
+async def _until(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(FRAME_S)
+    return True
+
+
+async def _nothing_left(url: str, timeout: float = 10.0) -> bool:
+    """No SIP call, session or stage state left once the call ended."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=10) as http:
+        while True:
+            stats = (await http.get(f"{url}/duplex/stats")).json()
+            idle = all(v["live_requests"] == 0 and not any(v["resources"].values()) for v in stats["stages"].values())
+            if idle and stats["sessions"]["live"] == 0 and stats["edges"]["sip"]["calls"] == 0:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.1)
+
+
+def question_audio(voice: str) -> np.ndarray:
+    asking = Scenario.model_validate({"name": "question", "steps": [{"say": QUESTION, "voice": voice}]})
+    return step_audio(asking, asking.steps[0])
+
+
+async def _converse(phone: PhoneAudio, question: np.ndarray, clip: np.ndarray,
+                    url: str) -> tuple[dict[str, float], float | None, float | None, str | None]:
+    """Ask, wait for 1 s of the answer, play the clip over it, wait out the cut's window: (the
+    verdicts counted by then, the clip's onset, its end; why the call says nothing, if so)."""
+    if not await _until(lambda: phone.agent is not None, FIRST_PACKET_S):
+        return {}, None, None, "the agent's audio never came"
+    asked, length = phone.say(question, SPEECH_RATE)
+    question_end = await asked + length
+    if not await _until(lambda: phone.loud_since(question_end) >= 1.0, length + ANSWER_WAIT_S):
+        return {}, None, None, f"no second of an answer within {ANSWER_WAIT_S:.0f} s"
+    now = time.monotonic()
+    if phone.last_loud(now - 5 * FRAME_S, now + 1) is None:
+        return {}, None, None, NOT_SPEAKING
+    played, clip_s = phone.say(clip, RATE)
+    onset = await played
+    window_end = onset + clip_s + VadConfig().silence_ms / 1000 + CUT_WINDOW_S
+    await asyncio.sleep(max(0.0, window_end - time.monotonic()))  # the cut's window, as the WebRTC door's
+    return await verdicts(url), onset, onset + clip_s, None
+
+
+async def call(server: tuple[str, int], url: str, clip: spec.Clip, audio: np.ndarray,
+               question: np.ndarray) -> DoorCall:
+    """One clip as one phone call, judged."""
+    began = time.monotonic()
+    before = await verdicts(url)
+    phone = PhoneAudio()
+    audio_task = asyncio.create_task(phone.run())
+    sipp = SippCall(server, phone.port)
+    await sipp.start()
+    try:
+        after, onset, clip_end, void = await _converse(phone, question, audio, url)
+    finally:
+        sipp.hang_up()
+        failed = await sipp.ended(timeout=15)
+        audio_task.cancel()
+        await asyncio.gather(audio_task, return_exceptions=True)
+        phone.close()
+    left_nothing = await _nothing_left(url)
+    seconds = time.monotonic() - began
+    if failed is not None or void is not None:
+        return DoorCall(clip, None, left_nothing=left_nothing, void=failed or void, seconds=seconds)
+    assert onset is not None and clip_end is not None
+    cut = after.get("interruption", 0.0) > before.get("interruption", 0.0)
+    stop_ms = None
+    if cut and clip.category == "interruption":
+        last = phone.last_loud(onset, min(onset + STOP_WINDOW_S, clip_end + REPLY_AFTER_S))
+        stop_ms = round(1000 * (last + FRAME_S - onset), 1) if last is not None else 0.0
+    return DoorCall(clip, cut, stop_ms=stop_ms, left_nothing=left_nothing, seconds=seconds)
+
+
+async def play(server: tuple[str, int], url: str, clips: list[spec.Clip], cache: Path, voice: str = PIPER,
+               progress: Callable[[str], None] = lambda _: None) -> list[DoorCall]:
+    """Each clip as one phone call to the SIP edge at ``server`` (its HTTP at ``url``), one after another."""
+    question = question_audio(voice)
+    calls: list[DoorCall] = []
+    began = time.monotonic()
+    try:
+        for n, clip in enumerate(clips, 1):
+            rendered = render(cache, clip)
+            judged = await call(server, url, clip, rendered.audio[rendered.start:rendered.end] / 32768.0, question)
+            calls.append(judged)
+            elapsed = time.monotonic() - began
+            progress(f"  call {n}/{len(clips)} ({elapsed / 60:.1f} min, about "
+                     f"{elapsed / n * (len(clips) - n) / 60:.1f} min to go) {clip.key}: {verdict(judged)}")
+    except asyncio.CancelledError:  # SIGINT: a long run reports the calls it made
+        progress(f"  stopped: the {len(calls)} calls made are reported, the one in flight is not")
+    return calls
