@@ -113,8 +113,9 @@ async def test_prometheus_reads_the_turn_and_barge_in_histograms(server, questio
         # every verdict on the caller's sounds the client was told of is counted, by kind
         judged = [e["kind"] for e in client.of_type("duplex.overlap.judged")]
         assert judged.count("interruption") == BARGE_INS
-        for kind in ("interruption", "backchannel", "noise"):
-            assert prom.value(f'duplex_overlap_verdicts_total{{door="webrtc",kind="{kind}"}}') == judged.count(kind)
+        for kind in ("interruption", "backchannel", "noise"):  # each scraped once it was counted
+            prom.wait_for(f'duplex_overlap_verdicts_total{{door="webrtc",kind="{kind}"}}',
+                          lambda v, n=judged.count(kind): v == n)
         assert prom.value('duplex_auth_refused_total{reason="refused"}') >= 2
         prom.wait_for("sum(duplex_sessions) or vector(0)", lambda v: v == 0)
 

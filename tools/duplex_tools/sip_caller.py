@@ -108,7 +108,6 @@ class PhoneAudio:
         self.agent: tuple[str, int] | None = None  # where the agent's packets come from
         self._queue: deque[tuple[bytes, asyncio.Future[float] | None]] = deque()
         self._packets = RtpPacketizer(0, FRAME)
-        self.malformed = 0
 
     async def run(self) -> None:
         await asyncio.gather(self._receive(), self._send())
@@ -121,10 +120,6 @@ class PhoneAudio:
         for n, frame in enumerate(pcm.reshape(-1, FRAME)):
             self._queue.append((g711.encode(frame, "PCMU"), started if n == 0 else None))
         return started, len(pcm) / RATE
-
-    @property
-    def saying(self) -> bool:
-        return bool(self._queue)
 
     def loud_since(self, since: float) -> float:
         """Seconds of loud agent audio heard since ``since`` (monotonic)."""
@@ -140,8 +135,7 @@ class PhoneAudio:
             data, source = await loop.sock_recvfrom(self.sock, 2048)
             try:
                 packet = parse_rtp(data)
-            except RtpError:
-                self.malformed += 1
+            except RtpError:  # not RTP: not the agent's audio
                 continue
             self.agent = self.agent or source
             samples = g711.decode(packet.payload, "PCMU").astype(np.float64) / 32768.0

@@ -79,6 +79,8 @@ def run_door(args: argparse.Namespace) -> int:
     categories = _categories(args.categories, playable)
     if not categories:
         raise SystemExit(f"--door {args.door} plays only {', '.join(playable)}")
+    if len(categories) < len(args.categories.split(",")):
+        _say(f"--door {args.door} plays only {', '.join(playable)}: the rest of --categories is left out")
     if args.door == "sip" and args.url and not args.sip_address:
         raise SystemExit("--door sip with --url needs --sip-address HOST:PORT (the server's SIP edge)")
     clips = door.sample(args.corpus, args.calls_per_cell, args.seed, categories)
