@@ -41,6 +41,32 @@ def test_the_sample_is_stratified_seeded_and_spreads_under_a_limit():
     assert len(set(clips)) == len(clips)
 
 
+def test_a_complete_turn_is_played_both_ways_alternating_and_compared_clip_by_clip(tmp_path: Path):
+    turns = [spec.Clip("smooth", v, "clean", SPEAKER) for v in ("yes", "thanks", "price")]
+    pause = spec.Clip("pause", "after a", "clean", SPEAKER)
+    played = door.ways_of([turns[0], pause, turns[1], turns[2]])
+    assert [(c.variant, t) for c, t in played] == [
+        ("yes", "default"), ("yes", "silence"), ("after a", "default"),
+        ("thanks", "silence"), ("thanks", "default"), ("price", "default"), ("price", "silence")]
+    silence = door.scenario_of(turns[0], render(tmp_path, turns[0]), tmp_path / "s", turns="silence")
+    own = door.scenario_of(turns[0], render(tmp_path, turns[0]), tmp_path / "o")
+    assert silence.session == {"turn_detection": {"type": "server_vad"}} and own.session is None
+    assert [s.expect.reply for s in own.steps] == [True]  # the turn alone, answered
+
+    def call(clip, turns, answer_ms):
+        return door.DoorCall(clip, answer_ms is not None, answer_ms=answer_ms, turns=turns)
+    calls = [call(turns[0], "default", 300.0), call(turns[0], "silence", 700.0),
+             call(turns[1], "default", 900.0), call(turns[1], "silence", 600.0),
+             call(turns[2], "default", None), call(turns[2], "silence", 650.0)]  # one not answered
+    versus = door_report.versus_silence(calls)
+    assert versus["answered"] == {"default": "2/3", "silence": "3/3"}
+    assert versus["paired_ms"]["n"] == 2 and versus["paired_ms"]["p50"] == pytest.approx(-50.0)  # -400, +300
+    assert versus["by_variant"]["thanks"] == {"default": 900.0, "silence": 600.0}
+    # the categories' rates count the server's own way only: the silence calls are the baseline
+    report = door_report.summary(calls, "webrtc")
+    assert report["categories"]["smooth"]["calls"] == 3 and report["categories"]["smooth"]["take_overs"] == 2
+
+
 @pytest.fixture(scope="module")
 def server():
     with ServerProcess(["--config", "toy-voice", "--port", "0", "--ice-loopback", "--sip", "127.0.0.1:0"],
@@ -63,11 +89,12 @@ def needs_a_server(test):
 def test_corpus_clips_play_end_to_end_through_webrtc(server, tmp_path: Path):
     clips = [spec.Clip("interruption", "ask else", "clean", SPEAKER),
              spec.Clip("backchannel", "uh-huh", "clean", SPEAKER),
-             spec.Clip("pause", "after a", "clean", SPEAKER)]
+             spec.Clip("pause", "after a", "clean", SPEAKER),
+             spec.Clip("smooth", "toppings", "clean", SPEAKER)]
     calls = asyncio.run(door.play(server.url, clips, tmp_path / "cache", voice="en-us"))
     stats = server_stats(server.url)
-    judged = {c.clip.category: c for c in calls}
-    assert [c.void for c in calls] == [None] * 3, [c.void for c in calls]
+    judged = {c.clip.category: c for c in calls if c.turns == "default"}
+    assert [c.void for c in calls] == [None] * 5, [c.void for c in calls]
     interruption = judged["interruption"]
     assert interruption.takeover is True  # the reply was cut ...
     assert interruption.stop_ms is not None and interruption.stop_ms < 1000  # ... and went silent at the client
@@ -76,10 +103,16 @@ def test_corpus_clips_play_end_to_end_through_webrtc(server, tmp_path: Path):
     # toy-voice's turns end after 500 ms of silence: the clip's 1.2 s pause ended the turn before
     # the caller went on (the door sees a take-over where the in-process silence rule does)
     assert judged["pause"].takeover is True and judged["pause"].answer_ms is not None
+    # the complete turn was answered both ways, each answer heard after the caller's speech ended
+    [own, silence] = [c for c in calls if c.clip.category == "smooth"]
+    assert (own.turns, silence.turns) == ("default", "silence")
+    assert own.takeover is True and silence.takeover is True
+    assert own.answer_ms is not None and own.answer_ms > 0 and silence.answer_ms is not None and silence.answer_ms > 0
     assert all(c.left_nothing for c in calls)
     assert stats["sessions"]["live"] == 0  # every call hung up, no session leaked
     report = json.loads(json.dumps(door_report.summary(calls, "webrtc (toy-voice)")))
-    assert list(report["categories"]) == ["pause", "backchannel", "interruption"]
+    assert list(report["categories"]) == ["pause", "backchannel", "interruption", "smooth"]
+    assert report["turns_versus_silence"]["paired_ms"]["n"] == 1
     assert report["categories"]["interruption"]["rate"] == 1.0
     assert report["categories"]["backchannel"]["by_class"]["clean"] == 0.0
     assert report["left_state_behind"] == 0

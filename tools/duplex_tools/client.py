@@ -95,6 +95,14 @@ class Heard:
     pts: int | None = None  # the frame's place in the stream (48 kHz samples): gaps are lost frames
 
 
+class NoEvent(TimeoutError):
+    """An awaited event did not come; says what did, so a failure in CI explains itself."""
+
+    def __init__(self, kind: str, match: dict, timeout: float, seen: list[str]) -> None:
+        wanted = f"{kind} {match}" if match else kind
+        super().__init__(f"no {wanted} within {timeout:g} s; since then: {', '.join(seen) or 'nothing'}")
+
+
 class RealtimeClient:
     def __init__(self, base_url: str, echo_gain: float = 0.0, low_latency: bool = True,
                  api_key: str | None = None, local_address: str | None = None) -> None:
@@ -158,7 +166,19 @@ class RealtimeClient:
                                 and all(event.get(k) == v for k, v in match.items())):
                             return event
                     await self._event_added.wait()
-        return await asyncio.wait_for(found(), timeout)
+        try:
+            return await asyncio.wait_for(found(), timeout)
+        except TimeoutError:
+            raise NoEvent(kind, match, timeout, self._recent(after)) from None
+
+    def _recent(self, after: float, count: int = 40) -> list[str]:
+        """What came since ``after``, short: the type and the ids and status a reader needs."""
+        def brief(event: dict) -> str:
+            response = event.get("response") or {}
+            detail = [str(v) for v in (event.get("response_id") or response.get("id"), response.get("status"),
+                                       event.get("kind"), (event.get("error") or {}).get("message")) if v]
+            return f"{event.get('type')}({', '.join(detail)})" if detail else str(event.get("type"))
+        return [brief(event) for at, event in self.events if at >= after][-count:]
 
     def time_of(self, event: dict) -> float:
         """When this event arrived (monotonic)."""

@@ -85,7 +85,8 @@ def run_door(args: argparse.Namespace) -> int:
         raise SystemExit("--door sip with --url needs --sip-address HOST:PORT (the server's SIP edge)")
     clips = door.sample(args.corpus, args.calls_per_cell, args.seed, categories)
     clips = clips[:args.limit] if args.limit is not None else clips
-    _say(f"{len(clips)} calls from the {args.corpus} part; rendering their audio ...")
+    played = len(door.ways_of(clips)) if args.door == "webrtc" else len(clips)
+    _say(f"{len(clips)} clips from the {args.corpus} part, {played} calls; rendering their audio ...")
     for clip in clips:  # before the server starts: the calls then play back to back
         render(args.cache, clip)
     use_loopback_candidates(True)
