@@ -61,9 +61,11 @@ class Server:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.manager.close_all()
-        await self.monitor.stop()
-        await self.coordinator.shutdown()
+        try:
+            await self.manager.close_all()
+            await self.monitor.stop()
+        finally:  # the stage processes go whatever failed before
+            await self.coordinator.shutdown()
 
     def open(self) -> tuple[object, list[ev.ServerEvent]]:
         events: list[ev.ServerEvent] = []

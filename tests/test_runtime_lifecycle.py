@@ -40,3 +40,20 @@ def test_signal_stops_everything_and_a_restart_works_at_once(sig):
         assert not [pid for pid in info["pids"] if alive(pid)]
         assert shm.list_segments(shm.run_prefix(info["run_id"])) == []
         assert not os.path.exists(info["run_dir"])
+
+
+def test_a_coordinator_dropped_without_shutdown_does_not_hang_its_process_when_collected():
+    # a caller that fails half-way leaves its coordinator to the garbage collector: that must
+    # not block the process (a context terminated while its sockets are open waits for ever)
+    proc = subprocess.Popen([sys.executable, "tests/pipeline_dropped.py", "toy"], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        out = ""
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert "collected" in out, f"the collection hung (or failed): {out!r}"
+    assert proc.returncode == 0

@@ -47,7 +47,12 @@ class Coordinator:
         self.procs = StageProcesses(pipeline, builders, self.run_id)
         self._requests: dict[str, RequestState] = {}
         self._ended: EndedRequests[RequestStatus] = EndedRequests()
-        self._ctx = zmq.asyncio.Context()
+        # The process' one context, never terminated while the process lives: a coordinator that
+        # is dropped without shutdown() (a caller's failure) then leaks sockets, where a context of
+        # its own would hang the process for good when collected (its __del__ terminates it while
+        # the sockets, unreachable in the same collection, are still open)
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sockets_closed = False
         self._inbox: zmq.asyncio.Socket | None = None
         self._control: zmq.asyncio.Socket | None = None
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
@@ -101,10 +106,10 @@ class Coordinator:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._sockets_closed = True  # from here a late send is dropped: it would open a socket no one closes
         for sock in [self._inbox, self._control, *self._pushes.values()]:
             if sock is not None:
                 sock.close(linger=0)
-        self._ctx.destroy(linger=0)  # and any socket a late send opened: term() alone would wait for it
         self._outlet.close()
         self._reader.close()
         shm.sweep(shm.run_prefix(self.run_id))
@@ -213,7 +218,7 @@ class Coordinator:
         self._ended.add(rid, status)
         self.counters[status.value] += 1
         self._outlet.drop_request(rid)
-        if status is not RequestStatus.COMPLETED and self._control is not None and not self._ctx.closed:
+        if status is not RequestStatus.COMPLETED and self._control is not None and not self._sockets_closed:
             self._control.send(m.encode(m.Abort(request_id=rid)))
         state.handle.push(RequestFinished(status, error))
 
@@ -264,13 +269,15 @@ class Coordinator:
         return sock
 
     def broadcast(self, message: m.Message) -> None:
-        if self._control is not None and not self._ctx.closed:
+        if self._control is not None and not self._sockets_closed:
             self._control.send(m.encode(message))
 
     def send(self, dst: str, message: m.Message) -> None:
         self._send(dst, message)
 
     def _send(self, dst: str, message: m.Message) -> None:
+        if self._sockets_closed:
+            return
         sock = self._pushes.get(dst)
         if sock is None:
             sock = self._socket(zmq.PUSH, connect=self.procs.addresses[dst])

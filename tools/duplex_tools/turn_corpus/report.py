@@ -65,11 +65,14 @@ def print_report(outcomes: list[Outcome], split: str) -> dict[str, Any]:
             s = cats.get(category)
             if s is None:
                 continue
-            p50 = s["latency_p50_ms"]
+            p50, p95 = s["latency_p50_ms"], s["latency_p95_ms"]
             rows.append([category, way, f"{s['rate']:.3f} ({s['hits']}/{s['clips']})", f"{s['phone_rate']:.3f}",
-                         "" if p50 is None else f"{p50:.0f}", MEANING[category][1], MEANING[category][2]])
+                         "" if p50 is None else f"{p50:.0f}", "" if p95 is None else f"{p95:.0f}",
+                         MEANING[category][1], MEANING[category][2]])
     print(f"corpus part: {split} ({FLOOR_NOTE})")
-    print(table(["category", "way", "take-over rate", "phone", "latency p50 ms", "target", "phone target"], rows))
+    # p95 beside p50: a share of turns left waiting for the longest pause shows only in the tail
+    print(table(["category", "way", "take-over rate", "phone", "latency p50 ms", "p95", "target", "phone target"],
+                rows))
     print("take-over: " + "; ".join(f"{c}: {m[0]}" for c, m in MEANING.items()))
     print("latency: interruption = onset -> verdict; smooth = end of speech -> end of turn")
     rows = []
