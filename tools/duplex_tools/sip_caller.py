@@ -56,17 +56,7 @@ a=ptime:20
   <recv response="100" optional="true"></recv>
   <recv response="180" optional="true"></recv>
   <recv response="200" rtd="true"></recv>
-  <send><![CDATA[
-ACK sip:agent@[remote_ip]:[remote_port] SIP/2.0
-Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
-From: caller <sip:caller@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
-To: agent <sip:agent@[remote_ip]:[remote_port]>[peer_tag_param]
-Call-ID: [call_id]
-CSeq: 1 ACK
-Contact: sip:caller@[local_ip]:[local_port]
-Max-Forwards: 70
-Content-Length: 0
-]]></send>
+  <send>IN_DIALOG_ACK</send>
   <recv request="INFO" timeout="MAX_CALL_MS" ontimeout="1"></recv>
   <send><![CDATA[
 SIP/2.0 200 OK
@@ -78,20 +68,29 @@ SIP/2.0 200 OK
 Content-Length: 0
 ]]></send>
   <label id="1"/>
-  <send retrans="500"><![CDATA[
-BYE sip:agent@[remote_ip]:[remote_port] SIP/2.0
+  <send retrans="500">IN_DIALOG_BYE</send>
+  <recv response="200" crlf="true"></recv>
+</scenario>
+"""
+
+
+def _in_dialog(method: str, cseq: int) -> str:
+    """A request of the call's dialog (the ACK, the BYE): SIPp fills the bracketed fields."""
+    return f"""<![CDATA[
+{method} sip:agent@[remote_ip]:[remote_port] SIP/2.0
 Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
 From: caller <sip:caller@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
 To: agent <sip:agent@[remote_ip]:[remote_port]>[peer_tag_param]
 Call-ID: [call_id]
-CSeq: 2 BYE
+CSeq: {cseq} {method}
 Contact: sip:caller@[local_ip]:[local_port]
 Max-Forwards: 70
 Content-Length: 0
-]]></send>
-  <recv response="200" crlf="true"></recv>
-</scenario>
-""".replace("MAX_CALL_MS", str(MAX_CALL_S * 1000))
+]]>"""
+
+
+_SCENARIO = (_SCENARIO.replace("MAX_CALL_MS", str(MAX_CALL_S * 1000))
+             .replace("IN_DIALOG_ACK", _in_dialog("ACK", 1)).replace("IN_DIALOG_BYE", _in_dialog("BYE", 2)))
 _calls = itertools.count(1)
 
 

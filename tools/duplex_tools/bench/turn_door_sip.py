@@ -29,6 +29,7 @@ from duplex_tools.scenario.audio import step_audio
 from duplex_tools.scenario.measure import STOP_WINDOW_S
 from duplex_tools.scenario.model import PIPER, Scenario
 from duplex_tools.scenario.runner import CUT_WINDOW_S
+from duplex_tools.scenario.server_stats import ServerStats, StatsError
 from duplex_tools.sip_caller import FRAME_S, PhoneAudio, SippCall
 from duplex_tools.turn_corpus import spec
 from duplex_tools.turn_corpus.render import render
@@ -70,16 +71,14 @@ async def _until(condition: Callable[[], bool], timeout: float) -> bool:
 
 async def _nothing_left(url: str, timeout: float = 10.0) -> bool:
     """No SIP call, session or stage state left once the call ended."""
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(timeout=10) as http:
-        while True:
-            stats = (await http.get(f"{url}/duplex/stats")).json()
-            idle = all(v["live_requests"] == 0 and not any(v["resources"].values()) for v in stats["stages"].values())
-            if idle and stats["sessions"]["live"] == 0 and stats["edges"]["sip"]["calls"] == 0:
-                return True
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.1)
+    stats = ServerStats(url)
+    try:
+        await stats.wait_idle(timeout, no_sessions=True)
+        return True
+    except StatsError:
+        return False
+    finally:
+        await stats.close()
 
 
 def question_audio(voice: str) -> np.ndarray:

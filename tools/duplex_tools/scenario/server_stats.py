@@ -57,14 +57,12 @@ class ServerStats:
             await asyncio.sleep(interval)
 
     async def wait_idle(self, timeout: float, no_sessions: bool = False, interval: float = 0.05) -> dict:
-        """Poll until every stage holds nothing (and, with ``no_sessions``, no WebRTC call is
-        live); raises StatsError naming what is still held."""
+        """Poll until every stage holds nothing (and, with ``no_sessions``, no call is live at
+        any door); raises StatsError naming what is still held."""
         deadline = time.monotonic() + timeout
         while True:
             current = await self.get()
-            held = held_resources(current)
-            if no_sessions and current.get("edges", {}).get("webrtc", {}).get("live_sessions"):
-                held["webrtc.live_sessions"] = current["edges"]["webrtc"]["live_sessions"]
+            held = held_resources(current) | (live_calls(current) if no_sessions else {})
             if not held:
                 return current
             if time.monotonic() > deadline:
@@ -91,6 +89,15 @@ def held_resources(stats: dict) -> dict[str, int]:
             if value:
                 held[f"{name}.{key}"] = value
     return held
+
+
+def live_calls(stats: dict) -> dict[str, int]:
+    """The sessions and the doors' calls still live, as 'where' -> count (empty when none is)."""
+    edges = stats.get("edges", {})
+    counts = {"sessions.live": stats.get("sessions", {}).get("live"),
+              "webrtc.live_sessions": edges.get("webrtc", {}).get("live_sessions"),
+              "sip.calls": edges.get("sip", {}).get("calls")}
+    return {where: count for where, count in counts.items() if count}
 
 
 def silent_stages(stats: dict) -> list[str]:
