@@ -263,11 +263,16 @@ async def test_stage_processes_yield_the_cpu_by_their_nice_on_every_thread():
         assert len(os.listdir(f"/proc/{stats['split'].pid}/task")) > 1, "the check must see the stage's threads"
 
 
-def test_a_stage_nice_defaults_by_device_and_refuses_out_of_range():
+def test_a_stage_nice_defaults_by_device_and_scheduler_and_refuses_out_of_range():
+    from duplex.config import load_pipeline
     from duplex.config.pipeline import CPU_STAGE_NICE, StageConfig
 
     assert StageConfig(name="a", builder="b").niceness == CPU_STAGE_NICE
     assert StageConfig(name="a", builder="b", device="cuda").niceness == 0
+    # a stream stage computes nothing (it relays an engine's reply): level with the engine
+    assert StageConfig(name="a", builder="b", scheduler={"kind": "stream"}).niceness == 0
+    engine = {stage.name: stage.niceness for stage in load_pipeline("engine").stages}
+    assert engine == {"asr": CPU_STAGE_NICE, "thinker": 0, "tts": CPU_STAGE_NICE}
     assert StageConfig(name="a", builder="b", nice=0).niceness == 0
     with pytest.raises(ValueError, match="nice"):
         StageConfig(name="a", builder="b", nice=20)

@@ -1,7 +1,8 @@
 """Never a silent hang: a stage process stopped mid-turn (SIGSTOP) is declared dead by the
 watchdog, killed and restarted, and its turn gets an error within the watchdog's deadline; with
 the watchdog off, the per-request stall deadline fails the turn instead (and the stage, once it
-runs again, frees it); a long model step that keeps the GIL busy does not trip the watchdog.
+runs again, frees it); a long model step that keeps the GIL busy does not trip the watchdog; a
+silence spent waiting for a CPU is not counted, one spent stopped still is.
 Real stage processes, real ZeroMQ, real signals."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from duplex.config import pipeline_from_dict
 from duplex.models.registry import BUILDERS
 from duplex.runtime.contract import ErrorCode, TurnRequest
 from duplex.runtime.coordinator import Coordinator
+from duplex.runtime.cpu_wait import RunQueueWait
 from duplex.runtime.requests import RequestStatus
 from duplex.runtime.supervisor import ProcessState
 from tests import supervision_helpers
@@ -123,3 +125,60 @@ async def test_a_long_model_step_holding_the_gil_does_not_trip_the_watchdog():
         assert chunks[0].data["spins"] > 0
         assert coord.supervisor.watchdog_kills == 0 and coord.restarts == 0
         assert (await coord.stats())["busy"].pid == pid
+
+
+class _RunQueueFiles:
+    """The kernel's per-thread ``schedstat`` for one pid, written under ``root``: its one thread
+    waits on a run queue while ``waiting`` (a starvation of seconds cannot be made on demand on a
+    shared box; tests/test_cpu_wait.py checks the reader against the kernel's own files)."""
+
+    def __init__(self, root, pid: int) -> None:
+        self.path = root / str(pid) / "task" / str(pid) / "schedstat"
+        self.path.parent.mkdir(parents=True)
+        self.waited_ns = 0
+        self.waiting = True
+        self._write()
+
+    def _write(self) -> None:
+        self.path.write_text(f"0 {self.waited_ns} 0\n")
+
+    async def run(self) -> None:
+        last = time.monotonic_ns()
+        while True:
+            await asyncio.sleep(INTERVAL_S / 20)  # the kernel's counter moves continuously; this often is enough
+            now = time.monotonic_ns()
+            if self.waiting:
+                self.waited_ns += now - last
+                self._write()
+            last = now
+
+
+async def test_a_silence_spent_waiting_for_a_cpu_is_not_counted_and_one_spent_stopped_is(tmp_path):
+    async with _coordinator(SLOW, watchdog_timeout_s=TIMEOUT_S, request_stall_s=0) as coord:
+        handle, pid = await _turn_held_by_b(coord, "starved turn")
+        supervisor = coord.supervisor
+        health = supervisor.health["b"]
+        files = _RunQueueFiles(tmp_path, pid)
+        supervisor.run_queue = RunQueueWait(proc_root=str(tmp_path))
+        writer = asyncio.create_task(files.run())
+        try:
+            with stopped(pid):  # silent; the first part of it "waiting for a CPU"
+                async def starved_long() -> bool:
+                    return health.starved_s >= 3 * TIMEOUT_S
+
+                await wait_for(starved_long, timeout=3 * TIMEOUT_S + 10, what="three watchdog timeouts of starvation")
+                assert supervisor.watchdog_kills == 0 and health.state is ProcessState.UP
+                # what is counted is the ticks' jitter against the counter, far below the timeout
+                assert health.silent_s < TIMEOUT_S / 2, health.silent_s
+                files.waiting = False  # from now on it is silent and not waiting: hung
+                began = time.monotonic()
+                _, finished = await asyncio.wait_for(handle.collect(), TIMEOUT_S + 10)
+                waited = time.monotonic() - began
+        finally:
+            writer.cancel()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert finished.error.code is ErrorCode.STAGE_CRASHED and "stopped answering" in finished.error.message
+        assert "waiting for a CPU" in finished.error.message, finished.error.message
+        assert waited <= TIMEOUT_S + TOLERANCE_S, waited
+        assert supervisor.watchdog_kills == 1

@@ -81,7 +81,9 @@ class StageConfig(_Strict):
     # How much of the CPU the stage's process yields when the cores are contended (Linux nice,
     # 0-19). The server's event loop and media workers hear the caller and stop the agent: on a
     # CPU-bound box a model step must not delay that. None: 10 on the CPU, 0 on a GPU (there the
-    # process feeds the device and its launches are the device's pace).
+    # process feeds the device and its launches are the device's pace) and 0 for a stream stage
+    # (it computes nothing: it relays an engine's reply, which a nice-0 engine on the same cores
+    # would otherwise hold up).
     nice: int | None = Field(None, ge=0, le=19)
     next: list[str] = Field(default_factory=list)
     stream_to: list[str] = Field(default_factory=list)
@@ -122,7 +124,8 @@ class StageConfig(_Strict):
     def niceness(self) -> int:
         if self.nice is not None:
             return self.nice
-        return CPU_STAGE_NICE if self.device == "cpu" else 0
+        computes = self.device == "cpu" and not isinstance(self.scheduler, StreamSchedulerConfig)
+        return CPU_STAGE_NICE if computes else 0
 
 
 class ControlConfig(_Strict):

@@ -10,7 +10,9 @@ it back; a request that makes no progress for ``request_stall_s`` fails with ``t
 
 Both deadlines run on the supervision clock: it advances with each watchdog tick by at most two
 tick periods, so a coordinator loop that was itself blocked (a pong sitting unread in the
-socket) never makes a stage or a request look dead.
+socket) never makes a stage or a request look dead. A process's silence, besides, counts only the
+time it could run: what its threads waited on a run queue (``cpu_wait``) is left out, so a stage
+starved of the CPU by a busy box is not killed as a hung one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Protocol
 from duplex.config.pipeline import PipelineConfig
 from duplex.runtime import messages as m
 from duplex.runtime.contract import ErrorCode, StageError
+from duplex.runtime.cpu_wait import RunQueueWait
 from duplex.runtime.processes import StageProcesses
 from duplex.runtime.requests import RequestState
 
@@ -52,7 +55,8 @@ class ProcessHealth:
     watchdog_kills: int = 0
     reason: str = ""  # why it last died, or why it is down
     retry_at: float | None = None  # DOWN: when the budget allows the next try (None: never)
-    silent_s: float = 0.0  # supervision-clock seconds since its last pong
+    silent_s: float = 0.0  # supervision-clock seconds since its last pong, less its waits for a CPU
+    starved_s: float = 0.0  # of the time since its last pong, what it spent waiting for a CPU
     kill_reason: str | None = None  # set when the watchdog killed it
 
 
@@ -87,6 +91,7 @@ class Supervisor:
         self._tasks: list[asyncio.Task] = []
         self._changed = asyncio.Event()  # a process came (back) up: the death watch re-arms
         self._pings: dict[int, str] = {}  # query id -> process
+        self.run_queue = RunQueueWait()  # how long a process waited for a CPU (see the module doc)
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -147,7 +152,8 @@ class Supervisor:
         process = self._pings.pop(msg.query_id, None)
         if process is None:
             return False
-        self.health[process].silent_s = 0.0
+        health = self.health[process]
+        health.silent_s = health.starved_s = 0.0
         return True
 
     # -- death and restarts ---------------------------------------------------------------------
@@ -186,6 +192,8 @@ class Supervisor:
     def _discard(self, process: str) -> None:
         """Forget a dead (or failed-to-start) process: kill what is left, free its segments."""
         proc = self.procs.procs.pop(process)
+        if proc.pid is not None:
+            self.run_queue.forget(proc.pid)
         if proc.exitcode is None:
             proc.kill()
         proc.join(5)
@@ -222,7 +230,7 @@ class Supervisor:
                 await self._down_until(process, max(now + self.cfg.restart_window_s / max(1, self.cfg.max_restarts),
                                                     time.monotonic() + 1.0))
                 continue
-            health.state, health.retry_at, health.silent_s = ProcessState.UP, None, 0.0
+            health.state, health.retry_at, health.silent_s, health.starved_s = ProcessState.UP, None, 0.0, 0.0
             self._changed.set()
             log.warning("restarted %s (%d restart(s) in the last %.0f s)", process, len(health.restarts),
                         self.cfg.restart_window_s)
@@ -274,10 +282,13 @@ class Supervisor:
             proc = self.procs.procs.get(process)
             if health.state is not ProcessState.UP or proc is None or proc.exitcode is not None:
                 continue
-            health.silent_s += step
+            starved = min(self.run_queue.waited(proc.pid), step) if proc.pid is not None else 0.0
+            health.silent_s += step - starved
+            health.starved_s += starved
             if health.silent_s > self.cfg.watchdog_timeout_s and health.kill_reason is None:
+                waits = f", besides {health.starved_s:.1f}s waiting for a CPU" if health.starved_s >= 0.1 else ""
                 health.kill_reason = (f"stopped answering (no reply to the watchdog's pings for "
-                                      f"{health.silent_s:.1f}s, supervision.watchdog_timeout_s "
+                                      f"{health.silent_s:.1f}s{waits}, supervision.watchdog_timeout_s "
                                       f"{self.cfg.watchdog_timeout_s:g}); killed")
                 health.watchdog_kills += 1
                 self.watchdog_kills += 1
