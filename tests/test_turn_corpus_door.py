@@ -145,6 +145,11 @@ def test_corpus_clips_play_end_to_end_through_sip(server, tmp_path: Path):
     after = asyncio.run(door_sip.verdicts(server.url))
     assert [c.void for c in calls] == [None, None], [c.void for c in calls]
     interruption, backchannel = calls
+    pause_clip = spec.Clip("pause", "after a", "clean", SPEAKER)
+    [pause] = asyncio.run(door_sip.play(server.sip, server.url, [pause_clip], tmp_path / "cache", voice="en-us"))
+    # toy-voice's turns end after 500 ms of silence: the 1.2 s pause ended the turn, and the phone
+    # heard the agent before the caller went on
+    assert pause.void is None and pause.takeover is True and pause.answer_ms is None and pause.left_nothing
     # the server counted what a phone cannot be told: one interruption, and the sounds it let go
     assert after.get("interruption", 0) - before.get("interruption", 0) == 1
     assert sum(after.values()) - sum(before.values()) >= 2
@@ -157,8 +162,26 @@ def test_corpus_clips_play_end_to_end_through_sip(server, tmp_path: Path):
     assert stats["sessions"]["live"] == 0 and stats["edges"]["sip"]["calls"] == 0
 
 
+@needs_a_server
+@pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (sip-tester) is not installed")
+def test_a_pause_shorter_than_the_turns_silence_is_held_on_the_phone_and_the_sentence_answered(tmp_path: Path):
+    clip = spec.Clip("pause", "after a", "clean", SPEAKER)
+    rendered = render(tmp_path / "cache", clip)
+    pause_ms = 1000 * (door.resume_sample(rendered) - rendered.pause_at) / door.RATE
+    silence_ms = int(pause_ms) + 800  # the pause does not end a turn; the sentence's end does
+    with ServerProcess(["--config", "toy-voice", "--port", "0", "--sip", "127.0.0.1:0",
+                        "--session.vad.silence_ms", str(silence_ms)], cwd=str(ROOT)) as proc:
+        sip = door_sip.sip_edge_of(proc.output)
+        assert sip is not None, "".join(proc.output)
+        [call] = asyncio.run(door_sip.play(sip, proc.url, [clip], tmp_path / "cache", voice="en-us"))
+    assert call.void is None and call.takeover is False, call
+    # answered after the sentence's end, once its silence (longer than the pause) ended the turn
+    assert call.answer_ms is not None and call.answer_ms > pause_ms, (call.answer_ms, pause_ms)
+    assert call.left_nothing
+
+
 def test_the_sip_door_refuses_what_a_phone_cannot_show(tmp_path: Path):
-    for extra, said in ((["--categories", "pause"], "plays only backchannel, noise, interruption"),
+    for extra, said in ((["--categories", "smooth"], "plays only pause, backchannel, noise, interruption"),
                         (["--url", "http://127.0.0.1:9"], "needs --sip-address")):
         run = subprocess.run([sys.executable, "-m", "duplex.cli", "bench", "turn-taking", "--corpus", "dev",
                               "--door", "sip", "--cache", str(tmp_path), *extra],

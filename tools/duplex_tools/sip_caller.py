@@ -124,6 +124,9 @@ class PhoneAudio:
         """Seconds of loud agent audio heard since ``since`` (monotonic)."""
         return FRAME_S * sum(1 for at, rms in self.heard if at >= since and rms > LOUD_RMS)
 
+    def first_loud(self, since: float, until: float = float("inf")) -> float | None:
+        return next((at for at, rms in self.heard if since <= at < until and rms > LOUD_RMS), None)
+
     def last_loud(self, since: float, until: float) -> float | None:
         loud = [at for at, rms in self.heard if since <= at < until and rms > LOUD_RMS]
         return loud[-1] if loud else None

@@ -94,6 +94,14 @@ def _wav(folder: Path, name: str, samples: np.ndarray) -> str:
     return str(path)
 
 
+def resume_sample(rendered: Rendered) -> int:
+    """Where a pause clip's caller goes on: the first voiced frame after the pause, as in process
+    (the clip plays as two parts cut there, and a reply before the second is a take-over)."""
+    assert rendered.pause_at is not None  # every pause clip has one
+    resume = resumes_at(frames_of(rendered, VadConfig()), rendered.pause_at) * RATE // 1000
+    return resume if rendered.pause_at < resume < rendered.end else rendered.pause_at + int(spec.PAUSE_S * RATE)
+
+
 def scenario_of(clip: spec.Clip, rendered: Rendered, folder: Path, voice: str = PIPER,
                 turns: str = DEFAULT_TURNS) -> Scenario:
     """The call that plays ``clip`` (its WAVs written to ``folder``); ``voice`` asks the question;
@@ -101,9 +109,7 @@ def scenario_of(clip: spec.Clip, rendered: Rendered, folder: Path, voice: str = 
     folder.mkdir(parents=True, exist_ok=True)
     audio = rendered.audio
     if clip.category == "pause":
-        assert rendered.pause_at is not None  # every pause clip has one
-        resume = resumes_at(frames_of(rendered, VadConfig()), rendered.pause_at) * RATE // 1000
-        resume = resume if rendered.pause_at < resume < rendered.end else rendered.pause_at + int(spec.PAUSE_S * RATE)
+        resume = resume_sample(rendered)
         steps = [{"wav": _wav(folder, "before", audio[rendered.start:resume]), "expect": {"reply": False}},
                  {"wav": _wav(folder, "after", audio[resume:rendered.end]), "expect": {"reply": True}}]
     elif clip.category == "smooth":

@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--door", choices=("webrtc", "sip"),
                        help="play a stratified sample of --corpus PART end to end through this door, one call per "
                             "clip, against a real `duplex serve --config CONFIG` (default local) or --url; sip: "
-                            "SIPp places each call, G.711 both ways, overlaps only (pauses show in events a phone "
-                            "does not get)")
+                            "SIPp places each call, G.711 both ways, pauses and overlaps (complete turns are "
+                            "compared with silence-ended ones, which a phone cannot ask for)")
     group.add_argument("--calls-per-cell", type=int, default=2,
                        help="--door: calls per (variant, condition class: clean, noisy, room, phone); default 2")
     group.add_argument("--limit", type=int, help="--door: at most this many calls (spread over the cells)")

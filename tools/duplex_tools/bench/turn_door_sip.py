@@ -7,8 +7,13 @@ end. A phone hears no events, so what the server made of the sound is read from 
 (``duplex_overlap_verdicts_total{door="sip"}``, the calls one at a time on a server that is ours
 alone): a take-over is an interruption judged before the cut's window closed (as at the WebRTC
 door, the clip's end + the end-of-turn silence + ``CUT_WINDOW_S``). The stop (an interruption's
-onset -> the agent silent) is read from the agent's audio as it reached the phone. Pauses are
-not played here: whether a reply started in a pause shows in events a phone does not get."""
+onset -> the agent silent) is read from the agent's audio as it reached the phone.
+
+A pause is the WebRTC door's too: the sentence in two parts cut where the caller goes on, queued
+back to back (the pause inside the first). With no events, the phone's ear judges: a take-over is
+the agent heard between the pause's start and ``REPLY_AFTER_S`` past the second part's onset (a
+reply the server began before it heard the caller go on; no answer to the whole sentence can be
+heard that soon); the answer's latency, of a pause held, is the sentence's end -> the agent heard."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from duplex.config.session import VadConfig
-from duplex_tools.bench.turn_door import NOT_SPEAKING, QUESTION, RATE, DoorCall, verdict
+from duplex_tools.bench.turn_door import NOT_SPEAKING, QUESTION, RATE, DoorCall, resume_sample, verdict
 from duplex_tools.client import RATE as SPEECH_RATE
 from duplex_tools.scenario.audio import step_audio
 from duplex_tools.scenario.measure import STOP_WINDOW_S
@@ -32,9 +37,9 @@ from duplex_tools.scenario.runner import CUT_WINDOW_S
 from duplex_tools.scenario.server_stats import ServerStats, StatsError
 from duplex_tools.sip_caller import FRAME_S, PhoneAudio, SippCall
 from duplex_tools.turn_corpus import spec
-from duplex_tools.turn_corpus.render import render
+from duplex_tools.turn_corpus.render import Rendered, render
 
-CATEGORIES = ("backchannel", "noise", "interruption")
+CATEGORIES = ("pause", "backchannel", "noise", "interruption")
 ANSWER_WAIT_S = 30.0  # the longest wait for 1 s of the answer (a busy box answers in seconds)
 FIRST_PACKET_S = 15.0  # the call answered and the agent's audio (silence at first) flowing
 REPLY_AFTER_S = 0.3  # the agent's next reply is never heard sooner than this after the caller's end
@@ -106,7 +111,27 @@ async def _converse(phone: PhoneAudio, question: np.ndarray, clip: np.ndarray,
     return await verdicts(url), onset, onset + clip_s, None
 
 
-async def call(server: tuple[str, int], url: str, clip: spec.Clip, audio: np.ndarray,
+async def _pause(phone: PhoneAudio, rendered: Rendered) -> tuple[bool | None, float | None, str | None]:
+    """Say the sentence with its pause: (taken over, the answer's latency in ms when held; why the
+    call says nothing, if so)."""
+    if not await _until(lambda: phone.agent is not None, FIRST_PACKET_S):
+        return None, None, "the agent's audio never came"
+    audio = rendered.audio / 32768.0
+    resume = resume_sample(rendered)
+    assert rendered.pause_at is not None  # resume_sample checked it
+    said, _ = phone.say(audio[rendered.start:resume], RATE)
+    went_on, rest_s = phone.say(audio[resume:rendered.end], RATE)
+    pause_at = await said + (rendered.pause_at - rendered.start) / RATE
+    resumed = await went_on
+    window_end, end = resumed + REPLY_AFTER_S, resumed + rest_s
+    heard = await _until(lambda: phone.first_loud(window_end) is not None, rest_s + ANSWER_WAIT_S)
+    if phone.first_loud(pause_at, window_end) is not None:
+        return True, None, None
+    answer = phone.first_loud(window_end) if heard else None
+    return False, round(1000 * (answer - end), 1) if answer is not None else None, None
+
+
+async def call(server: tuple[str, int], url: str, clip: spec.Clip, rendered: Rendered,
                question: np.ndarray) -> DoorCall:
     """One clip as one phone call, judged."""
     began = time.monotonic()
@@ -116,7 +141,11 @@ async def call(server: tuple[str, int], url: str, clip: spec.Clip, audio: np.nda
     sipp = SippCall(server, phone.port)
     await sipp.start()
     try:
-        after, onset, clip_end, void = await _converse(phone, question, audio, url)
+        if clip.category == "pause":
+            took_over, answer_ms, void = await _pause(phone, rendered)
+        else:
+            audio = rendered.audio[rendered.start:rendered.end] / 32768.0
+            after, onset, clip_end, void = await _converse(phone, question, audio, url)
     finally:
         sipp.hang_up()
         failed = await sipp.ended(timeout=15)
@@ -127,6 +156,8 @@ async def call(server: tuple[str, int], url: str, clip: spec.Clip, audio: np.nda
     seconds = time.monotonic() - began
     if failed is not None or void is not None:
         return DoorCall(clip, None, left_nothing=left_nothing, void=failed or void, seconds=seconds)
+    if clip.category == "pause":
+        return DoorCall(clip, took_over, answer_ms=answer_ms, left_nothing=left_nothing, seconds=seconds)
     assert onset is not None and clip_end is not None
     cut = after.get("interruption", 0.0) > before.get("interruption", 0.0)
     stop_ms = None
@@ -144,8 +175,7 @@ async def play(server: tuple[str, int], url: str, clips: list[spec.Clip], cache:
     began = time.monotonic()
     try:
         for n, clip in enumerate(clips, 1):
-            rendered = render(cache, clip)
-            judged = await call(server, url, clip, rendered.audio[rendered.start:rendered.end] / 32768.0, question)
+            judged = await call(server, url, clip, render(cache, clip), question)
             calls.append(judged)
             elapsed = time.monotonic() - began
             progress(f"  call {n}/{len(clips)} ({elapsed / 60:.1f} min, about "
