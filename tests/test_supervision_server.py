@@ -52,6 +52,7 @@ async def test_a_server_whose_stage_is_down_says_not_ready_refuses_calls_and_sti
             assert 'duplex_stage_up{stage="voice"} 0.0' in metrics and 'duplex_stage_up{stage="ears"} 1.0' in metrics
             assert 'duplex_calls_refused_total{door="webrtc",reason="stage_down"} 1.0' in metrics
             assert 'duplex_admission_refusals_total{reason="stage_down"} 1.0' in metrics
+            assert 'duplex_stage_cpu_wait_seconds_total{stage="ears"} ' in metrics  # exported per stage
     assert server.stop() == 0
 
 

@@ -170,6 +170,7 @@ async def test_a_silence_spent_waiting_for_a_cpu_is_not_counted_and_one_spent_st
                 assert supervisor.watchdog_kills == 0 and health.state is ProcessState.UP
                 # what is counted is the ticks' jitter against the counter, far below the timeout
                 assert health.silent_s < TIMEOUT_S / 2, health.silent_s
+                assert health.cpu_wait_s >= 3 * TIMEOUT_S  # the counter the metrics export
                 files.waiting = False  # from now on it is silent and not waiting: hung
                 began = time.monotonic()
                 _, finished = await asyncio.wait_for(handle.collect(), TIMEOUT_S + 10)

@@ -57,6 +57,7 @@ class ProcessHealth:
     retry_at: float | None = None  # DOWN: when the budget allows the next try (None: never)
     silent_s: float = 0.0  # supervision-clock seconds since its last pong, less its waits for a CPU
     starved_s: float = 0.0  # of the time since its last pong, what it spent waiting for a CPU
+    cpu_wait_s: float = 0.0  # all its processes' waits for a CPU, summed over the watchdog's ticks
     kill_reason: str | None = None  # set when the watchdog killed it
 
 
@@ -285,6 +286,7 @@ class Supervisor:
             starved = min(self.run_queue.waited(proc.pid), step) if proc.pid is not None else 0.0
             health.silent_s += step - starved
             health.starved_s += starved
+            health.cpu_wait_s += starved
             if health.silent_s > self.cfg.watchdog_timeout_s and health.kill_reason is None:
                 waits = f", besides {health.starved_s:.1f}s waiting for a CPU" if health.starved_s >= 0.1 else ""
                 health.kill_reason = (f"stopped answering (no reply to the watchdog's pings for "

@@ -211,6 +211,10 @@ class StageCollector(Collector):
                                    labels=["stage"])
         kills = CounterMetricFamily("duplex_stage_watchdog_kills", "Stage processes killed for not answering pings",
                                     labels=["stage"])
+        # a CPU box's overload, stage by stage: what the most delayed thread of its process waited
+        # on a run queue (Linux schedstat, read at each watchdog tick; 0 where it cannot be read)
+        cpu_wait = CounterMetricFamily("duplex_stage_cpu_wait_seconds", "Seconds a stage's process waited for a "
+                                       "CPU (its most delayed thread)", labels=["stage"])
         for process, stages in self._coordinator.procs.groups.items():
             health = supervisor.health[process]
             for stage in stages:
@@ -219,10 +223,11 @@ class StageCollector(Collector):
                     state.add_metric([stage, kind.value], 1 if health.state is kind else 0)
                 window.add_metric([stage], supervisor.restarts_in_window(process))
                 kills.add_metric([stage], health.watchdog_kills)
+                cpu_wait.add_metric([stage], health.cpu_wait_s)
         timed_out = CounterMetricFamily("duplex_requests_timed_out",
                                         "Requests failed for making no progress (supervision.request_stall_s)")
         timed_out.add_metric([], supervisor.timed_out)
-        yield from (up, state, window, kills, timed_out)
+        yield from (up, state, window, kills, cpu_wait, timed_out)
 
     def _admission(self) -> Iterator[Metric]:
         admission = self._sessions.admission
