@@ -159,9 +159,7 @@ async def test_a_silence_spent_waiting_for_a_cpu_is_not_counted_and_one_spent_st
         supervisor = coord.supervisor
         health = supervisor.health["b"]
         files = _RunQueueFiles(tmp_path, pid)
-        run_queue = RunQueueWait(proc_root=str(tmp_path))
-        run_queue.waited(pid)  # the baseline: the watchdog's first tick already counts the wait
-        supervisor.run_queue = run_queue
+        supervisor.run_queue = RunQueueWait(proc_root=str(tmp_path))
         writer = asyncio.create_task(files.run())
         try:
             with stopped(pid):  # silent; the first part of it "waiting for a CPU"

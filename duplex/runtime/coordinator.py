@@ -218,8 +218,8 @@ class Coordinator:
         self._ended.add(rid, status)
         self.counters[status.value] += 1
         self._outlet.drop_request(rid)
-        if status is not RequestStatus.COMPLETED and self._control is not None and not self._sockets_closed:
-            self._control.send(m.encode(m.Abort(request_id=rid)))
+        if status is not RequestStatus.COMPLETED:
+            self.broadcast(m.Abort(request_id=rid))
         state.handle.push(RequestFinished(status, error))
 
     # -- stats and probes ---------------------------------------------------------------------

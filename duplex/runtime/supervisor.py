@@ -57,7 +57,7 @@ class ProcessHealth:
     retry_at: float | None = None  # DOWN: when the budget allows the next try (None: never)
     silent_s: float = 0.0  # supervision-clock seconds since its last pong, less its waits for a CPU
     starved_s: float = 0.0  # of the time since its last pong, what it spent waiting for a CPU
-    cpu_wait_s: float = 0.0  # all its processes' waits for a CPU, summed over the watchdog's ticks
+    cpu_wait_s: float = 0.0  # its processes' waits for a CPU while their answers were late, summed
     kill_reason: str | None = None  # set when the watchdog killed it
 
 
@@ -283,7 +283,7 @@ class Supervisor:
             proc = self.procs.procs.get(process)
             if health.state is not ProcessState.UP or proc is None or proc.exitcode is not None:
                 continue
-            starved = min(self.run_queue.waited(proc.pid), step) if proc.pid is not None else 0.0
+            starved = self._starved(process, proc.pid, step)
             health.silent_s += step - starved
             health.starved_s += starved
             health.cpu_wait_s += starved
@@ -301,6 +301,16 @@ class Supervisor:
             query_id = next(self.coord.ids)
             self._pings[query_id] = process
             self.coord.send(self.procs.groups[process][0], m.Ping(query_id=query_id, sent_ns=time.monotonic_ns()))
+
+    def _starved(self, process: str, pid: int | None, step: float) -> float:
+        """How much of the last tick the process waited for a CPU, read only while its answer is
+        late (reading every thread's counters costs ~20 us a thread, on the server's loop): the
+        first late tick sets the baseline and counts in full."""
+        if pid is None or self.health[process].silent_s == 0.0:
+            if pid is not None:
+                self.run_queue.forget(pid)
+            return 0.0
+        return min(self.run_queue.waited(pid), step)
 
     def _stall_deadline(self) -> None:
         limit = self.cfg.request_stall_s

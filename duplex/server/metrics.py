@@ -212,9 +212,9 @@ class StageCollector(Collector):
         kills = CounterMetricFamily("duplex_stage_watchdog_kills", "Stage processes killed for not answering pings",
                                     labels=["stage"])
         # a CPU box's overload, stage by stage: what the most delayed thread of its process waited
-        # on a run queue (Linux schedstat, read at each watchdog tick; 0 where it cannot be read)
+        # on a run queue while its answer to the watchdog was late (Linux schedstat; 0 where unread)
         cpu_wait = CounterMetricFamily("duplex_stage_cpu_wait_seconds", "Seconds a stage's process waited for a "
-                                       "CPU (its most delayed thread)", labels=["stage"])
+                                       "CPU while late answering the watchdog", labels=["stage"])
         for process, stages in self._coordinator.procs.groups.items():
             health = supervisor.health[process]
             for stage in stages:

@@ -120,15 +120,19 @@ class PhoneAudio:
             self._queue.append((g711.encode(frame, "PCMU"), started if n == 0 else None))
         return started, len(pcm) / RATE
 
+    def loud(self, since: float, until: float = float("inf")) -> list[float]:
+        """Arrivals (monotonic) of the loud agent packets heard in [since, until)."""
+        return [at for at, rms in self.heard if since <= at < until and rms > LOUD_RMS]
+
     def loud_since(self, since: float) -> float:
-        """Seconds of loud agent audio heard since ``since`` (monotonic)."""
-        return FRAME_S * sum(1 for at, rms in self.heard if at >= since and rms > LOUD_RMS)
+        """Seconds of loud agent audio heard since ``since``."""
+        return FRAME_S * len(self.loud(since))
 
     def first_loud(self, since: float, until: float = float("inf")) -> float | None:
-        return next((at for at, rms in self.heard if since <= at < until and rms > LOUD_RMS), None)
+        return next(iter(self.loud(since, until)), None)
 
     def last_loud(self, since: float, until: float) -> float | None:
-        loud = [at for at, rms in self.heard if since <= at < until and rms > LOUD_RMS]
+        loud = self.loud(since, until)
         return loud[-1] if loud else None
 
     async def _receive(self) -> None:

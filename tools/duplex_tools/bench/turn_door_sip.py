@@ -21,6 +21,7 @@ import asyncio
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -91,31 +92,42 @@ def question_audio(voice: str) -> np.ndarray:
     return step_audio(asking, asking.steps[0])
 
 
-async def _converse(phone: PhoneAudio, question: np.ndarray, clip: np.ndarray,
-                    url: str) -> tuple[dict[str, float], float | None, float | None, str | None]:
-    """Ask, wait for 1 s of the answer, play the clip over it, wait out the cut's window: (the
-    verdicts counted by then, the clip's onset, its end; why the call says nothing, if so)."""
-    if not await _until(lambda: phone.agent is not None, FIRST_PACKET_S):
-        return {}, None, None, "the agent's audio never came"
+@dataclass(frozen=True)
+class _Judged:
+    """What one call said: a take-over or not and its latencies, or why it says nothing."""
+
+    takeover: bool | None = None
+    stop_ms: float | None = None
+    answer_ms: float | None = None
+    void: str | None = None
+
+
+async def _overlap(phone: PhoneAudio, clip: spec.Clip, rendered: Rendered, question: np.ndarray,
+                   url: str, before: dict[str, float]) -> _Judged:
+    """Ask, wait for 1 s of the answer, play the clip over it, wait out the cut's window; a
+    take-over is an interruption counted by then (``before``: the counts before the call)."""
     asked, length = phone.say(question, SPEECH_RATE)
     question_end = await asked + length
     if not await _until(lambda: phone.loud_since(question_end) >= 1.0, length + ANSWER_WAIT_S):
-        return {}, None, None, f"no second of an answer within {ANSWER_WAIT_S:.0f} s"
+        return _Judged(void=f"no second of an answer within {ANSWER_WAIT_S:.0f} s")
     now = time.monotonic()
     if phone.last_loud(now - 5 * FRAME_S, now + 1) is None:
-        return {}, None, None, NOT_SPEAKING
-    played, clip_s = phone.say(clip, RATE)
+        return _Judged(void=NOT_SPEAKING)
+    played, clip_s = phone.say(rendered.audio[rendered.start:rendered.end] / 32768.0, RATE)
     onset = await played
     window_end = onset + clip_s + VadConfig().silence_ms / 1000 + CUT_WINDOW_S
     await asyncio.sleep(max(0.0, window_end - time.monotonic()))  # the cut's window, as the WebRTC door's
-    return await verdicts(url), onset, onset + clip_s, None
+    after = await verdicts(url)
+    cut = after.get("interruption", 0.0) > before.get("interruption", 0.0)
+    if not (cut and clip.category == "interruption"):
+        return _Judged(cut)
+    last = phone.last_loud(onset, min(onset + STOP_WINDOW_S, onset + clip_s + REPLY_AFTER_S))
+    return _Judged(cut, stop_ms=round(1000 * (last + FRAME_S - onset), 1) if last is not None else 0.0)
 
 
-async def _pause(phone: PhoneAudio, rendered: Rendered) -> tuple[bool | None, float | None, str | None]:
-    """Say the sentence with its pause: (taken over, the answer's latency in ms when held; why the
-    call says nothing, if so)."""
-    if not await _until(lambda: phone.agent is not None, FIRST_PACKET_S):
-        return None, None, "the agent's audio never came"
+async def _pause(phone: PhoneAudio, rendered: Rendered) -> _Judged:
+    """Say the sentence with its pause; a take-over is the agent heard before the caller went on,
+    the answer's latency (of a pause held) the sentence's end -> the agent heard."""
     audio = rendered.audio / 32768.0
     resume = resume_sample(rendered)
     assert rendered.pause_at is not None  # resume_sample checked it
@@ -124,11 +136,11 @@ async def _pause(phone: PhoneAudio, rendered: Rendered) -> tuple[bool | None, fl
     pause_at = await said + (rendered.pause_at - rendered.start) / RATE
     resumed = await went_on
     window_end, end = resumed + REPLY_AFTER_S, resumed + rest_s
-    heard = await _until(lambda: phone.first_loud(window_end) is not None, rest_s + ANSWER_WAIT_S)
+    await _until(lambda: phone.first_loud(window_end) is not None, rest_s + ANSWER_WAIT_S)
     if phone.first_loud(pause_at, window_end) is not None:
-        return True, None, None
-    answer = phone.first_loud(window_end) if heard else None
-    return False, round(1000 * (answer - end), 1) if answer is not None else None, None
+        return _Judged(True)
+    answer = phone.first_loud(window_end)
+    return _Judged(False, answer_ms=round(1000 * (answer - end), 1) if answer is not None else None)
 
 
 async def call(server: tuple[str, int], url: str, clip: spec.Clip, rendered: Rendered,
@@ -141,11 +153,12 @@ async def call(server: tuple[str, int], url: str, clip: spec.Clip, rendered: Ren
     sipp = SippCall(server, phone.port)
     await sipp.start()
     try:
-        if clip.category == "pause":
-            took_over, answer_ms, void = await _pause(phone, rendered)
+        if not await _until(lambda: phone.agent is not None, FIRST_PACKET_S):
+            judged = _Judged(void="the agent's audio never came")
+        elif clip.category == "pause":
+            judged = await _pause(phone, rendered)
         else:
-            audio = rendered.audio[rendered.start:rendered.end] / 32768.0
-            after, onset, clip_end, void = await _converse(phone, question, audio, url)
+            judged = await _overlap(phone, clip, rendered, question, url, before)
     finally:
         sipp.hang_up()
         failed = await sipp.ended(timeout=15)
@@ -154,17 +167,10 @@ async def call(server: tuple[str, int], url: str, clip: spec.Clip, rendered: Ren
         phone.close()
     left_nothing = await _nothing_left(url)
     seconds = time.monotonic() - began
-    if failed is not None or void is not None:
-        return DoorCall(clip, None, left_nothing=left_nothing, void=failed or void, seconds=seconds)
-    if clip.category == "pause":
-        return DoorCall(clip, took_over, answer_ms=answer_ms, left_nothing=left_nothing, seconds=seconds)
-    assert onset is not None and clip_end is not None
-    cut = after.get("interruption", 0.0) > before.get("interruption", 0.0)
-    stop_ms = None
-    if cut and clip.category == "interruption":
-        last = phone.last_loud(onset, min(onset + STOP_WINDOW_S, clip_end + REPLY_AFTER_S))
-        stop_ms = round(1000 * (last + FRAME_S - onset), 1) if last is not None else 0.0
-    return DoorCall(clip, cut, stop_ms=stop_ms, left_nothing=left_nothing, seconds=seconds)
+    if failed is not None or judged.void is not None:
+        return DoorCall(clip, None, left_nothing=left_nothing, void=failed or judged.void, seconds=seconds)
+    return DoorCall(clip, judged.takeover, stop_ms=judged.stop_ms, answer_ms=judged.answer_ms,
+                    left_nothing=left_nothing, seconds=seconds)
 
 
 async def play(server: tuple[str, int], url: str, clips: list[spec.Clip], cache: Path, voice: str = PIPER,
