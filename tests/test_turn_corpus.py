@@ -13,7 +13,8 @@ import pytest
 from duplex.session.overlap_sound import SOUND_FEATURES
 from duplex.session.turn_model import OVERLAP_FEATURES, PAUSE_FEATURES, MLPModel, TurnModels
 from duplex_tools.turn_corpus import spec
-from duplex_tools.turn_corpus.evaluate import Examples
+from duplex_tools.turn_corpus.evaluate import Examples, JudgedPause
+from duplex_tools.turn_corpus.folds import EVERY, RULES, WITHOUT, print_folds, sentence_folds
 from duplex_tools.turn_corpus.render import render
 from duplex_tools.turn_corpus.train import HOLD_BUDGET, fit_mlp, train, write
 
@@ -59,7 +60,8 @@ def _examples(seed: int) -> Examples:
     for label, shift in (("backchannel", 0.0), ("interruption", 1.0), ("noise", -1.0)):
         examples.overlap += [(rng.normal(shift, 1.0, len(OVERLAP_FEATURES)), label) for _ in range(40)]
     for label, shift in (("complete", 1.0), ("open", -1.0)):
-        examples.pause += [(rng.normal(shift, 1.0, len(PAUSE_FEATURES)), label) for _ in range(40)]
+        examples.pauses += [JudgedPause("s", rng.normal(shift, 1.0, len(PAUSE_FEATURES)), label, False)
+                            for _ in range(40)]
     for label, shift in (("backchannel", -1.0), ("interruption", 1.0), ("noise", -2.0)):
         rows = [(rng.normal(shift, 1.0, len(SOUND_FEATURES)), label) for _ in range(40)]
         examples.sound += rows
@@ -111,3 +113,33 @@ def test_the_sound_net_reads_with_numpy_what_it_learned_and_draws_a_line_no_stra
         assert back.probabilities(x)["other"] == pytest.approx(net.probabilities(x)["other"], abs=1e-12)
     with pytest.raises(ValueError, match="two classes"):
         fit_mlp([(x, "other") for x, _ in rows[:10]], SOUND_FEATURES)
+
+
+def _sentence(name: str, rng: np.random.Generator, marked: bool) -> list[JudgedPause]:
+    """Pauses of one sentence: the first feature tells complete from open, reversed (and told by the
+    second feature alone) where ``marked``."""
+    out = []
+    for label, sign in (("complete", 1.0), ("open", -1.0)):
+        for _ in range(30):
+            x = rng.normal(0.0, 0.3, len(PAUSE_FEATURES))
+            x[0] += -sign if marked else sign
+            x[1] = 3.0 * sign if marked else 0.0
+            out.append(JudgedPause(name, x, label, rules_end=label == "open"))
+    return out
+
+
+def test_a_sentence_is_judged_by_a_reading_trained_without_it():
+    rng = np.random.default_rng(3)
+    training = [p for name in ("a", "b", "c") for p in _sentence(name, rng, False)] + _sentence("odd", rng, True)
+    judged = [p for name in ("a", "odd") for p in _sentence(name, rng, name == "odd")]
+    folds = sentence_folds(training, judged)
+    assert list(folds) == ["a", "odd"]
+    odd, plain = folds["odd"], folds["a"]
+    # only a reading that read "odd" (the second feature) hears its reversed pauses
+    assert odd[EVERY].opens_ended <= 3 and odd[EVERY].completes_ended >= 27
+    assert odd[WITHOUT].opens_ended >= 27 and odd[WITHOUT].completes_ended <= 3
+    for way in (EVERY, WITHOUT):
+        assert plain[way].opens_ended <= 3 and plain[way].completes_ended >= 27
+    assert plain[RULES].opens_ended == plain[RULES].opens == 30 and plain[RULES].completes_ended == 0
+    report = print_folds(folds)
+    assert report["totals"][WITHOUT]["opens"] == 60  # type: ignore[index]

@@ -1,6 +1,7 @@
 """``duplex bench turn-taking --corpus PART``: the corpus' in-process mode (no server): every clip
 of PART through today's rules and the learned decisions, side by side; ``--train``: the learned
-decisions trained from the dev part (or ``--train-on``) and written to ``--model``."""
+decisions trained from the dev part (or ``--train-on``) and written to ``--model``; ``--folds
+sentence``: the pause reading judged on sentences it was trained without (``folds.py``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--train", action="store_true",
                        help="train the learned decisions from --train-on and write them to --model")
     group.add_argument("--train-on", default="dev", choices=spec.SPLITS, help="the part trained on (default dev)")
+    group.add_argument("--folds", choices=("sentence",),
+                       help="judge each sentence of --corpus by a pause reading trained on --train-on without it "
+                            "(beside one trained on every sentence and today's rules)")
     group.add_argument("--model", type=Path, default=MODEL_PATH, help=f"the learned decisions (default {MODEL_PATH})")
     group.add_argument("--full", action="store_true",
                        help="every speaker under every condition (default: clean and two others per speaker "
@@ -46,6 +50,8 @@ def run_corpus(args: argparse.Namespace) -> int:
               f"{len(examples.sound)} sound examples)")
     if args.corpus is None:
         return 0
+    if args.folds:
+        return _run_folds(args, command)
     models = TurnModels.load(args.model) if Path(args.model).is_file() else None
     outcomes, _ = evaluate(args.cache, args.corpus, models, args.full)
     report = print_report(outcomes, args.corpus)
@@ -54,4 +60,19 @@ def run_corpus(args: argparse.Namespace) -> int:
     if args.plot:
         heat_map(outcomes, Path(args.plot), command)
         print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _run_folds(args: argparse.Namespace, command: str) -> int:
+    from duplex_tools.turn_corpus.evaluate import evaluate
+    from duplex_tools.turn_corpus.folds import print_folds, sentence_folds
+
+    turns = ("pause", "smooth")
+    print(f"reading the {args.train_on} part's pauses ...", file=sys.stderr, flush=True)
+    _, training = evaluate(args.cache, args.train_on, None, args.full, categories=turns)
+    print(f"judging the {args.corpus} part's ...", file=sys.stderr, flush=True)
+    _, judged = evaluate(args.cache, args.corpus, None, args.full, categories=turns)
+    report = print_folds(sentence_folds(training.pauses, judged.pauses))
+    report |= {"command": command, "part": args.corpus, "trained_on": args.train_on}
+    write_json(args.json_path, report)
     return 0

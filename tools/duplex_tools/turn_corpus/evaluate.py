@@ -41,14 +41,29 @@ class Outcome:
     held: bool = False  # an overlap's sound was held for its words at interrupt_ms
 
 
+@dataclass(frozen=True)
+class JudgedPause:
+    """A pause the semantic judge was asked about, as the pause reading learns it."""
+
+    sentence: str  # what the clip says (``spec.sentence_of``): the unit ``folds.py`` holds out
+    features: np.ndarray  # ``pause_features``
+    label: str  # "complete" (the end of the clip's speech) | "open" (the caller went on)
+    rules_end: bool  # today's rules ended the turn here
+
+
 @dataclass
 class Examples:
     """What the decisions read on the way (the learned model's training data)."""
 
     overlap: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (features, the clip's category)
-    pause: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (features, "complete" | "open")
+    pauses: list[JudgedPause] = field(default_factory=list)
     sound: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (the sound's features at a reading, category)
     first_sound: list[tuple[np.ndarray, str]] = field(default_factory=list)  # the first reading of each overlap
+
+    @property
+    def pause(self) -> list[tuple[np.ndarray, str]]:
+        """The pauses as the pause reading trains on them: (features, "complete" | "open")."""
+        return [(p.features, p.label) for p in self.pauses]
 
 
 @dataclass(frozen=True)
@@ -106,9 +121,11 @@ def _turn(clip: spec.Clip, frames: Frames, ears: Ears, settings: Settings, model
 
     silence = run_turn(frames, ears, settings.vad, None)
     semantic = run_turn(frames, ears, settings.vad, settings.semantic)
-    for pause_end, probability, text, _ in semantic.judged:
+    for pause_end, probability, text, rules_end in semantic.judged:
         complete = pause_end >= end_ms - 60  # the end of the clip's speech, not a pause within it
-        examples.pause.append((pause_features(probability, text), "complete" if complete else "open"))
+        sentence = spec.sentence_of(clip.category, clip.variant)
+        examples.pauses.append(JudgedPause(sentence, pause_features(probability, text),
+                                           "complete" if complete else "open", rules_end))
     out = [outcome(TODAY, semantic.decided_ms), outcome(SILENCE, silence.decided_ms)]
     if models is not None:
         threshold = models.complete_at
@@ -122,12 +139,13 @@ def _turn(clip: spec.Clip, frames: Frames, ears: Ears, settings: Settings, model
 
 
 def evaluate(cache: Path, split: str, models: TurnModels | None = None, full: bool = False,
-             settings: Settings | None = None, progress: bool = True) -> tuple[list[Outcome], Examples]:
+             settings: Settings | None = None, progress: bool = True,
+             categories: tuple[str, ...] = spec.CATEGORIES) -> tuple[list[Outcome], Examples]:
     settings = settings or Settings()
     ears = Ears(cache)
     outcomes: list[Outcome] = []
     examples = Examples()
-    clips = spec.clips(split, full)
+    clips = spec.clips(split, full, categories)
     try:
         for n, clip in enumerate(clips):
             rendered = render(cache, clip)

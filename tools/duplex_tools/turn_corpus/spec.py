@@ -110,6 +110,18 @@ def variants(category: str) -> tuple[str, ...]:
     return table[category]
 
 
+def sentence_of(category: str, variant: str) -> str:
+    """The sentence a pause or complete-turn variant says: a pause's words before and after it read
+    as one, so a pause position and the complete turn that is its sentence share one (the unit a
+    reading of words is held out by: ``folds.py``)."""
+    if category == "pause":
+        before, after = PAUSES[variant]
+        return f"{before} {after}"
+    if category == "smooth":
+        return SMOOTH[variant]
+    raise ValueError(f"a {category} clip says no sentence of a turn")
+
+
 def speakers_of(split: str) -> tuple[Speaker, ...]:
     """The speakers of ``split`` (``dev``, ``held-out``, ``espeak``, ``piper`` or ``all``)."""
     if split not in SPLITS:
