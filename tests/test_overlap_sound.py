@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from duplex.config.session import BargeInConfig, SessionConfig
+from duplex.runtime.contract import Transcript
 from duplex.session.overlap import RECHECK_MS, Listening, OverlapJudge, OverlapKind
 from duplex.session.overlap_sound import SOUND_FEATURES, SoundTrace, sound_features
 from duplex.session.turn_model import MODEL_PATH, TurnModels
@@ -97,7 +98,7 @@ def _listen(words: bool, holds: bool, text: str) -> tuple[OverlapKind, bool, int
             return settled[0].kind, settled[0].held, len(asked)
     for _ in range(CONFIG.words_final_ms // FRAME_MS):
         assert listening.push(FRAME_MS, False) is None
-    settled = listening.heard(text, final=True)
+    settled = listening.heard(Transcript(text, final=True))
     assert settled is not None
     return settled[0].kind, settled[0].held, len(asked)
 

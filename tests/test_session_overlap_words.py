@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from duplex.config.session import BargeInConfig, SessionConfig
-from duplex.runtime.contract import OverlapProbe, TurnRequest
+from duplex.runtime.contract import OverlapProbe, Transcript, TurnRequest
 from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
 from duplex.session.overlap_words import Said, is_backchannel, spoken_words, what_words_say
 from duplex.session.protocol import handle_client_message
@@ -59,12 +59,12 @@ def test_words_a_noise_could_not_have_said_leave_it_to_the_sound():
     """Whisper-base on a 0.3 s cough said "I'm not a good guy.", on a 0.15 s burst "I'm"."""
     cough = listening()
     push(cough, "v" * 8 + "." * RESUME_FRAMES)  # 240 ms voiced: not five words
-    verdict, _ = cough.heard("I'm not a good guy.", final=True)
+    verdict, _ = cough.heard(Transcript("I'm not a good guy.", final=True))
     assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None
     burst = listening()
-    assert burst.heard("I'm", final=False) is None  # 80 ms voiced: under noise_ms, no word is credible
+    assert burst.heard(Transcript("I'm", final=False)) is None  # 80 ms voiced: under noise_ms, no word is credible
     assert push(burst, "vv" + "." * RESUME_FRAMES) == (None, 2 + RESUME_FRAMES)  # held all the same
-    verdict, _ = burst.heard("I'm", final=True)
+    verdict, _ = burst.heard(Transcript("I'm", final=True))
     assert verdict.kind is OverlapKind.NOISE and verdict.words is None
 
 
@@ -77,16 +77,16 @@ def test_words_the_recogniser_was_not_sure_of_leave_it_to_the_sound():
     unsure = CONFIG.min_logprob - 0.5
     guessed = listening()
     assert push(guessed, sneeze) == (None, len(sneeze)) and guessed.waiting_words
-    verdict, _ = guessed.heard("I'm not sure.", final=True, avg_logprob=unsure)
+    verdict, _ = guessed.heard(Transcript("I'm not sure.", final=True, avg_logprob=unsure))
     assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None  # the sound's verdict
     for logprob in (CONFIG.min_logprob + 0.5, None):
         meant = listening()
         push(meant, sneeze)
-        verdict, _ = meant.heard("I'm not sure.", final=True, avg_logprob=logprob)
+        verdict, _ = meant.heard(Transcript("I'm not sure.", final=True, avg_logprob=logprob))
         assert verdict.interrupts and verdict.words == "I'm not sure."
     anything = listening(BargeInConfig(min_logprob=None))  # the gate off: every word counts
     push(anything, sneeze)
-    verdict, _ = anything.heard("I'm not sure.", final=True, avg_logprob=unsure)
+    verdict, _ = anything.heard(Transcript("I'm not sure.", final=True, avg_logprob=unsure))
     assert verdict.interrupts
 
 
@@ -113,7 +113,7 @@ def test_sorry_then_a_pause_waits_for_its_words_and_they_interrupt():
     assert alone.kind is OverlapKind.BACKCHANNEL and n == 15 + RESUME_FRAMES
     heard = listening()
     assert push(heard, sorry) == (None, len(sorry)) and heard.waiting_words  # the reply stays paused
-    verdict, reply = heard.heard("Sorry,", final=True)
+    verdict, reply = heard.heard(Transcript("Sorry,", final=True))
     assert reply == "reply" and verdict.kind is OverlapKind.INTERRUPTION and verdict.words == "Sorry,"
     assert verdict.onset_ms == 1000 and not heard.active
 
@@ -121,7 +121,7 @@ def test_sorry_then_a_pause_waits_for_its_words_and_they_interrupt():
 def test_a_word_that_is_no_backchannel_interrupts_as_soon_as_it_is_heard():
     heard = listening()
     assert push(heard, "v" * 8) == (None, 8)  # "stop" is still being said
-    verdict, _ = heard.heard("Stop", final=False)  # a partial transcript
+    verdict, _ = heard.heard(Transcript("Stop", final=False))  # a partial transcript
     assert verdict.interrupts and verdict.words == "Stop" and verdict.span_ms == 80 + 8 * FRAME_MS
 
 
@@ -132,9 +132,9 @@ def test_a_lone_word_that_takes_no_floor_holds_the_reply_until_rejoin_ms_then_th
     rejoin_frames = CONFIG.rejoin_ms // FRAME_MS
     assert rejoin_frames > RESUME_FRAMES
     heard = listening()
-    assert heard.heard("Way", final=False) is None  # a partial lone word does not interrupt
+    assert heard.heard(Transcript("Way", final=False)) is None  # a partial lone word does not interrupt
     assert push(heard, "v" * 10 + "." * FINAL_FRAMES) == (None, 10 + FINAL_FRAMES)
-    assert heard.heard("way", final=True) is None  # final, but it may begin a sentence
+    assert heard.heard(Transcript("way", final=True)) is None  # final, but it may begin a sentence
     assert push(heard, "." * (rejoin_frames - FINAL_FRAMES - 1)) == (None, rejoin_frames - FINAL_FRAMES - 1)
     verdict, n = push(heard, "." * 5)  # past resume_ms, paused still; at rejoin_ms the sound decides
     assert n == 1 and verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None
@@ -142,26 +142,26 @@ def test_a_lone_word_that_takes_no_floor_holds_the_reply_until_rejoin_ms_then_th
     # words that come once the sound said resume hold it the same way
     held = listening()
     assert push(held, "v" * 10 + "." * RESUME_FRAMES) == (None, 10 + RESUME_FRAMES) and held.waiting_words
-    assert held.heard("Emama.", final=True) is None
+    assert held.heard(Transcript("Emama.", final=True)) is None
     assert push(held, "." * rejoin_frames)[1] == rejoin_frames - RESUME_FRAMES
     # more voice within rejoin_ms: the sound goes on, and two words take the floor
     more = listening()
     push(more, "v" * 10 + "." * FINAL_FRAMES)
-    assert more.heard("way", final=True) is None
+    assert more.heard(Transcript("way", final=True)) is None
     assert push(more, "." * 5 + "v" * 5) == (None, 10)
     more.rehear()
-    assert more.heard("Wait, actually", final=False)[0].interrupts
+    assert more.heard(Transcript("Wait, actually", final=False))[0].interrupts
 
 
 def test_backchannel_words_resume_once_the_sound_has_ended_and_not_before():
     heard = listening()
-    assert heard.heard("Uh-huh.", final=False) is None  # a partial backchannel says nothing yet
+    assert heard.heard(Transcript("Uh-huh.", final=False)) is None  # a partial backchannel says nothing yet
     assert push(heard, "v" * 10 + "." * RESUME_FRAMES) == (None, 10 + RESUME_FRAMES)
-    verdict, _ = heard.heard("Uh-huh.", final=True)
+    verdict, _ = heard.heard(Transcript("Uh-huh.", final=True))
     assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words == "Uh-huh." and not verdict.interrupts
     # final words that came before the sound's end decide at its end
     early = listening()
-    assert early.heard("Okay.", final=True) is None
+    assert early.heard(Transcript("Okay.", final=True)) is None
     verdict, n = push(early, "v" * 10 + "." * 40)
     assert n == 10 + RESUME_FRAMES and verdict.kind is OverlapKind.BACKCHANNEL and verdict.words == "Okay."
 
@@ -172,16 +172,16 @@ def test_final_backchannel_words_resume_before_the_silence_that_would_resume_alo
     assert push(heard, "v" * 10 + "." * (FINAL_FRAMES - 1)) == (None, 9 + FINAL_FRAMES)
     assert not heard.words_final_due()  # the sound may go on: its words are not final yet
     assert push(heard, ".") == (None, 1) and heard.words_final_due()  # the probe's input closes now
-    verdict, _ = heard.heard("Yeah.", final=True)
+    verdict, _ = heard.heard(Transcript("Yeah.", final=True))
     assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words == "Yeah."
     assert verdict.span_ms == 80 + (10 + FINAL_FRAMES) * FRAME_MS  # not resume_ms after the sound
     # other final words that early interrupt; none leave it to the sound, at resume_ms
     other = listening()
     push(other, "v" * 10 + "." * FINAL_FRAMES)
-    assert other.heard("Wait", final=True)[0].interrupts
+    assert other.heard(Transcript("Wait", final=True))[0].interrupts
     none = listening()
     push(none, "v" * 10 + "." * FINAL_FRAMES)
-    assert none.heard("", final=True) is None
+    assert none.heard(Transcript("", final=True)) is None
     verdict, n = push(none, "." * RESUME_FRAMES)
     assert n == RESUME_FRAMES - FINAL_FRAMES and verdict.words is None
 
@@ -189,7 +189,7 @@ def test_final_backchannel_words_resume_before_the_silence_that_would_resume_alo
 def test_no_words_leave_the_verdict_to_the_sound():
     heard = listening()
     push(heard, "v" * 8 + "." * RESUME_FRAMES)
-    verdict, _ = heard.heard("(coughs)", final=True)
+    verdict, _ = heard.heard(Transcript("(coughs)", final=True))
     assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None
 
 
@@ -209,7 +209,7 @@ def test_a_transcription_that_fails_leaves_the_verdict_to_the_sound_now_or_later
     verdict, _ = waiting.words_lost()
     assert verdict.kind is OverlapKind.BACKCHANNEL and verdict.words is None
     early = listening()
-    assert early.words_lost() is None and early.heard("Stop", final=False) is None  # no words expected now
+    assert early.words_lost() is None and early.heard(Transcript("Stop", final=False)) is None  # no words expected now
     verdict, n = push(early, "v" * 10 + "." * 40)
     assert n == 10 + RESUME_FRAMES and verdict.kind is OverlapKind.BACKCHANNEL
 
@@ -218,7 +218,7 @@ def test_waiting_for_words_is_not_an_overlap_that_lingers():
     config = BargeInConfig(max_overlap_ms=1000, interrupt_ms=600, words_wait_ms=2000)
     heard = listening(config)
     assert push(heard, "v" * 10 + "." * 60) == (None, 70)  # 1.48 s since the onset, the sound over
-    verdict, _ = heard.heard("Mm-hmm.", final=True)
+    verdict, _ = heard.heard(Transcript("Mm-hmm.", final=True))
     assert verdict.kind is OverlapKind.BACKCHANNEL
 
 
@@ -228,8 +228,8 @@ def test_speech_again_while_waiting_is_judged_by_the_sound_until_its_words_come(
     assert heard.waiting_words
     assert push(heard, "v" * 5) == (None, 5) and not heard.waiting_words
     heard.rehear()  # the whole overlap is transcribed again
-    assert heard.heard("Yeah.", final=True) is None  # the first words: the second sound is going on
-    verdict, _ = heard.heard("Yeah. No, stop.", final=False)
+    assert heard.heard(Transcript("Yeah.", final=True)) is None  # the first words: the second sound is going on
+    verdict, _ = heard.heard(Transcript("Yeah. No, stop.", final=False))
     assert verdict.interrupts
 
 

@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from duplex.config.session import BargeInConfig, VadConfig
-from duplex.runtime.contract import TurnRequest
+from duplex.runtime.contract import Transcript, TurnRequest
 from duplex.session.door import AudioClear
 from duplex.session.overlap import Listening, OverlapJudge, OverlapKind, OverlapVerdict
 from duplex.session.realtime import events as ev
@@ -159,7 +159,7 @@ def test_a_sound_that_ends_waits_for_its_words_goes_on_when_voice_comes_back_and
     assert _frames(heard, "1" * 5 + "0" * resume_frames) == [None] * (5 + resume_frames)
     assert heard.phase is ListenPhase.WAITING_WORDS and heard.waiting_words  # the sound says resume
     assert _frames(heard, "1") == [None] and heard.phase is ListenPhase.JUDGING  # ... but it goes on
-    verdict, reply = heard.heard("Stop", final=False)
+    verdict, reply = heard.heard(Transcript("Stop", final=False))
     assert verdict.interrupts and reply == "reply" and heard.phase is ListenPhase.IDLE
     heard.drop()  # nothing to drop: it stays idle
     assert heard.phase is ListenPhase.IDLE

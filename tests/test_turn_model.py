@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from duplex.config.session import BargeInConfig, SemanticTurnConfig
+from duplex.runtime.contract import Transcript
 from duplex.session.endpoint import EndOfTurnJudge, TurnJudgement
 from duplex.session.overlap import Listening, OverlapJudge, OverlapKind
 from duplex.session.overlap_words import Said
@@ -27,7 +28,7 @@ def _overlap(listening: Listening[object], voiced_frames: int, words: str) -> Ov
         assert listening.push(FRAME_MS, True) is None
     for _ in range(CONFIG.words_final_ms // FRAME_MS):
         assert listening.push(FRAME_MS, False) is None
-    settled = listening.heard(words, final=True)
+    settled = listening.heard(Transcript(words, final=True))
     assert settled is not None
     return settled[0].kind
 

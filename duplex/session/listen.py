@@ -161,7 +161,7 @@ class BargeInListener:
         return read_sound(self._host.audio.frames())
 
     def _on_words(self, transcript: Transcript) -> None:
-        self._settle_if(self._listening.heard(transcript.text, transcript.final, transcript.avg_logprob))
+        self._settle_if(self._listening.heard(transcript))
 
     def _settle_if(self, settled: tuple[OverlapVerdict, Response] | None) -> None:
         if settled is not None:

@@ -262,21 +262,20 @@ class Listening(Generic[R]):
             return self._settle(verdict)  # no words in time: the sound decides
         return None
 
-    def heard(self, text: str, final: bool, avg_logprob: float | None = None) -> tuple[OverlapVerdict, R] | None:
-        """Words of the overlap (a partial or the final transcript, heard with ``avg_logprob``:
-        None where the recogniser does not say); the verdict if they decide it."""
+    def heard(self, words: Transcript) -> tuple[OverlapVerdict, R] | None:
+        """Words of the overlap (a partial or the final transcript, with the recogniser's
+        confidence where it gives one); the verdict if they decide it."""
         if self.judge is None or not self._words_coming:
             return None
-        words = Transcript(text, final=final, avg_logprob=avg_logprob)
         said = self._says(words, self.judge.voiced_ms)
         if said is Said.FLOOR:  # "sorry", "stop": an interruption, whatever comes
-            return self._settle(replace(self.judge.now(OverlapKind.INTERRUPTION), words=text))
-        if final:
+            return self._settle(replace(self.judge.now(OverlapKind.INTERRUPTION), words=words.text))
+        if words.final:
             self._final = words
             if self._held is not None and not self._more_to_come(words):
                 return self._settle(self._by_words(self._held, words))
             if said is Said.BACKCHANNEL and self._sound_over():
-                return self._settle(replace(self.judge.now(OverlapKind.BACKCHANNEL), words=text))
+                return self._settle(replace(self.judge.now(OverlapKind.BACKCHANNEL), words=words.text))
         return None
 
     def _more_to_come(self, words: Transcript) -> bool:

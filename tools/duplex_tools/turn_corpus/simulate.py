@@ -26,6 +26,7 @@ import numpy as np
 
 from duplex.config.session import BargeInConfig, SemanticTurnConfig, VadConfig
 from duplex.models.local.asr import Heard
+from duplex.runtime.contract import Transcript
 from duplex.session.endpoint import EndOfTurnJudge, TurnJudgement
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
 from duplex.session.overlap_words import Said
@@ -118,7 +119,7 @@ def run_overlap(frames: Frames, ears: WordsOf, barge_in: BargeInConfig, vad: Vad
             if settled is None and pending is not None and now >= pending[0]:
                 heard, pending = pending[1], None
                 run.words.append(heard.text)
-                settled = listening.heard(heard.text, final=True, avg_logprob=heard.avg_logprob)
+                settled = listening.heard(Transcript(heard.text, final=True, avg_logprob=heard.avg_logprob))
         else:
             cue = detector.push(i * FRAME_MS, voiced, min_speech_ms=min(vad.min_speech_ms, barge_in.pause_speech_ms))
             if isinstance(cue, SpeechStarted):
