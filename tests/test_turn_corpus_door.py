@@ -150,6 +150,11 @@ def test_corpus_clips_play_end_to_end_through_sip(server, tmp_path: Path):
     # toy-voice's turns end after 500 ms of silence: the 1.2 s pause ended the turn, and the phone
     # heard the agent before the caller went on
     assert pause.void is None and pause.takeover is True and pause.answer_ms is None and pause.left_nothing
+    turn_clip = spec.Clip("smooth", "toppings", "clean", SPEAKER)
+    [turn] = asyncio.run(door_sip.play(server.sip, server.url, [turn_clip], tmp_path / "cache", voice="en-us"))
+    # a complete turn: answered, heard at the phone after the caller's speech ended
+    assert turn.void is None and turn.takeover is True and turn.turns == "default" and turn.left_nothing
+    assert turn.answer_ms is not None and turn.answer_ms > 0
     # the server counted what a phone cannot be told: one interruption, and the sounds it let go
     assert after.get("interruption", 0) - before.get("interruption", 0) == 1
     assert sum(after.values()) - sum(before.values()) >= 2
@@ -181,7 +186,7 @@ def test_a_pause_shorter_than_the_turns_silence_is_held_on_the_phone_and_the_sen
 
 
 def test_the_sip_door_refuses_what_a_phone_cannot_show(tmp_path: Path):
-    for extra, said in ((["--categories", "smooth"], "plays only pause, backchannel, noise, interruption"),
+    for extra, said in ((["--categories", "question"], "unknown ['question']"),
                         (["--url", "http://127.0.0.1:9"], "needs --sip-address")):
         run = subprocess.run([sys.executable, "-m", "duplex.cli", "bench", "turn-taking", "--corpus", "dev",
                               "--door", "sip", "--cache", str(tmp_path), *extra],

@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--door", choices=("webrtc", "sip"),
                        help="play a stratified sample of --corpus PART end to end through this door, one call per "
                             "clip, against a real `duplex serve --config CONFIG` (default local) or --url; sip: "
-                            "SIPp places each call, G.711 both ways, pauses and overlaps (complete turns are "
-                            "compared with silence-ended ones, which a phone cannot ask for)")
+                            "SIPp places each call, G.711 both ways (a phone cannot ask for silence-ended turns: "
+                            "complete turns are played again on a second server whose sessions end turns on "
+                            "silence)")
     group.add_argument("--calls-per-cell", type=int, default=2,
                        help="--door: calls per (variant, condition class: clean, noisy, room, phone); default 2")
     group.add_argument("--limit", type=int, help="--door: at most this many calls (spread over the cells)")
@@ -45,21 +46,38 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _categories(value: str, playable: tuple[str, ...]) -> tuple[str, ...]:
+def _categories(value: str) -> tuple[str, ...]:
     chosen = tuple(c for c in value.split(",") if c)
     unknown = [c for c in chosen if c not in door.CATEGORIES]
     if unknown or not chosen:
         raise SystemExit(f"--categories with --door: unknown {unknown or value!r} "
                          f"(known: {', '.join(door.CATEGORIES)})")
-    return tuple(c for c in chosen if c in playable)
+    return chosen
 
 
-def _play(args: argparse.Namespace, url: str, clips: list[spec.Clip],
-          sip: tuple[str, int] | None) -> list[door.DoorCall]:
+def _play(args: argparse.Namespace, url: str, clips: list[spec.Clip], sip: tuple[str, int] | None,
+          turns: str = door.DEFAULT_TURNS) -> list[door.DoorCall]:
     if args.door == "sip":
         assert sip is not None
-        return asyncio.run(door_sip.play(sip, url, clips, args.cache, args.voice, _say))
+        return asyncio.run(door_sip.play(sip, url, clips, args.cache, args.voice, _say, turns))
     return asyncio.run(door.play(url, clips, args.cache, args.voice, _say))
+
+
+def _serve_and_play(args: argparse.Namespace, config: str, clips: list[spec.Clip], flags: list[str],
+                    turns: str = door.DEFAULT_TURNS) -> list[door.DoorCall]:
+    """Start ``duplex serve --config CONFIG`` (with ``flags``) and play ``clips`` against it."""
+    _say(f"starting `duplex serve --config {config}{''.join(' ' + f for f in flags)}` ...")
+    serve = ["--config", config, "--port", "0", "--ice-loopback", *flags]
+    serve += ["--sip", "127.0.0.1:0"] if args.door == "sip" else []
+    with ServerProcess(serve, ready_timeout=READY_TIMEOUT_S) as server:
+        assert server.url is not None  # set once the server is ready, before the block runs
+        sip = door_sip.sip_edge_of(server.output) if args.door == "sip" else None
+        if args.door == "sip" and sip is None:
+            raise SystemExit("the server did not say where its SIP edge listens:\n" + "".join(server.output[-20:]))
+        calls = _play(args, server.url, clips, sip, turns)
+        if any(c.void not in (None, door.NOT_SPEAKING) for c in calls):
+            _say("a call failed; the server's last lines:\n" + "".join(server.output[-40:]))
+    return calls
 
 
 def _address(value: str, what: str) -> tuple[str, int]:
@@ -75,17 +93,13 @@ def run_door(args: argparse.Namespace) -> int:
     command = "duplex bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     if args.calls_per_cell < 1:
         raise SystemExit("--calls-per-cell must be at least 1")
-    playable = door_sip.CATEGORIES if args.door == "sip" else door.CATEGORIES
-    categories = _categories(args.categories, playable)
-    if not categories:
-        raise SystemExit(f"--door {args.door} plays only {', '.join(playable)}")
-    if len(categories) < len(args.categories.split(",")):
-        _say(f"--door {args.door} plays only {', '.join(playable)}: the rest of --categories is left out")
+    categories = _categories(args.categories)
     if args.door == "sip" and args.url and not args.sip_address:
         raise SystemExit("--door sip with --url needs --sip-address HOST:PORT (the server's SIP edge)")
     clips = door.sample(args.corpus, args.calls_per_cell, args.seed, categories)
     clips = clips[:args.limit] if args.limit is not None else clips
-    played = len(door.ways_of(clips)) if args.door == "webrtc" else len(clips)
+    complete = [c for c in clips if c.category == "smooth"]
+    played = len(door.ways_of(clips)) if args.door == "webrtc" or not args.url else len(clips)
     _say(f"{len(clips)} clips from the {args.corpus} part, {played} calls; rendering their audio ...")
     for clip in clips:  # before the server starts: the calls then play back to back
         render(args.cache, clip)
@@ -94,18 +108,12 @@ def run_door(args: argparse.Namespace) -> int:
     if args.url:
         sip = _address(args.sip_address, "--sip-address") if args.door == "sip" else None
         way, calls = f"{args.door} ({args.url})", _play(args, args.url, clips, sip)
+        if complete and args.door == "sip":
+            _say("--url: complete turns are played with the server's own turn detection only")
     else:
-        _say(f"starting `duplex serve --config {config}` ...")
-        serve = ["--config", config, "--port", "0", "--ice-loopback"]
-        serve += ["--sip", "127.0.0.1:0"] if args.door == "sip" else []
-        with ServerProcess(serve, ready_timeout=READY_TIMEOUT_S) as server:
-            assert server.url is not None  # set once the server is ready, before the block runs
-            sip = door_sip.sip_edge_of(server.output) if args.door == "sip" else None
-            if args.door == "sip" and sip is None:
-                raise SystemExit("the server did not say where its SIP edge listens:\n" + "".join(server.output[-20:]))
-            way, calls = f"{args.door} ({config})", _play(args, server.url, clips, sip)
-            if any(c.void not in (None, door.NOT_SPEAKING) for c in calls):
-                _say("a call failed; the server's last lines:\n" + "".join(server.output[-40:]))
+        way, calls = f"{args.door} ({config})", _serve_and_play(args, config, clips, [])
+        if complete and args.door == "sip":  # the baseline a phone cannot ask for: a server that ends turns on silence
+            calls += _serve_and_play(args, config, complete, door_sip.SILENCE_OVERRIDE, door.SILENCE_TURNS)
     report = door_report.print_report(calls, way, args.corpus, phone=args.door == "sip")
     report.update({"command": command, "part": args.corpus, "door": args.door, "way": way, "seed": args.seed,
                    "calls_per_cell": args.calls_per_cell, "calls": [door_report.call_json(c) for c in calls]})

@@ -13,7 +13,11 @@ A pause is the WebRTC door's too: the sentence in two parts cut where the caller
 back to back (the pause inside the first). With no events, the phone's ear judges: a take-over is
 the agent heard between the pause's start and ``REPLY_AFTER_S`` past the second part's onset (a
 reply the server began before it heard the caller go on; no answer to the whole sentence can be
-heard that soon); the answer's latency, of a pause held, is the sentence's end -> the agent heard."""
+heard that soon); the answer's latency, of a pause held, is the sentence's end -> the agent heard.
+
+A complete turn is the clip alone; its latency the clip's end -> the agent heard. A phone cannot
+ask for silence-ended turns, so its baseline is played on a second server whose sessions end turns
+on silence (``SILENCE_OVERRIDE``)."""
 
 from __future__ import annotations
 
@@ -29,7 +33,15 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from duplex.config.session import VadConfig
-from duplex_tools.bench.turn_door import NOT_SPEAKING, QUESTION, RATE, DoorCall, resume_sample, verdict
+from duplex_tools.bench.turn_door import (
+    DEFAULT_TURNS,
+    NOT_SPEAKING,
+    QUESTION,
+    RATE,
+    DoorCall,
+    resume_sample,
+    verdict,
+)
 from duplex_tools.client import RATE as SPEECH_RATE
 from duplex_tools.scenario.audio import step_audio
 from duplex_tools.scenario.measure import STOP_WINDOW_S
@@ -40,7 +52,7 @@ from duplex_tools.sip_caller import FRAME_S, PhoneAudio, SippCall
 from duplex_tools.turn_corpus import spec
 from duplex_tools.turn_corpus.render import Rendered, render
 
-CATEGORIES = ("pause", "backchannel", "noise", "interruption")
+SILENCE_OVERRIDE = ["--session.turn_detection", "server_vad"]  # `duplex serve` flags: silence-ended turns
 ANSWER_WAIT_S = 30.0  # the longest wait for 1 s of the answer (a busy box answers in seconds)
 FIRST_PACKET_S = 15.0  # the call answered and the agent's audio (silence at first) flowing
 REPLY_AFTER_S = 0.3  # the agent's next reply is never heard sooner than this after the caller's end
@@ -143,8 +155,17 @@ async def _pause(phone: PhoneAudio, rendered: Rendered) -> _Judged:
     return _Judged(False, answer_ms=round(1000 * (answer - end), 1) if answer is not None else None)
 
 
+async def _complete(phone: PhoneAudio, rendered: Rendered) -> _Judged:
+    """Say the turn; answered if the agent is heard after its end, the latency the end -> the agent heard."""
+    said, length = phone.say(rendered.audio[rendered.start:rendered.end] / 32768.0, RATE)
+    end = await said + length
+    await _until(lambda: phone.first_loud(end) is not None, length + ANSWER_WAIT_S)
+    answer = phone.first_loud(end)
+    return _Judged(answer is not None, answer_ms=round(1000 * (answer - end), 1) if answer is not None else None)
+
+
 async def call(server: tuple[str, int], url: str, clip: spec.Clip, rendered: Rendered,
-               question: np.ndarray) -> DoorCall:
+               question: np.ndarray, turns: str = DEFAULT_TURNS) -> DoorCall:
     """One clip as one phone call, judged."""
     began = time.monotonic()
     before = await verdicts(url)
@@ -157,6 +178,8 @@ async def call(server: tuple[str, int], url: str, clip: spec.Clip, rendered: Ren
             judged = _Judged(void="the agent's audio never came")
         elif clip.category == "pause":
             judged = await _pause(phone, rendered)
+        elif clip.category == "smooth":
+            judged = await _complete(phone, rendered)
         else:
             judged = await _overlap(phone, clip, rendered, question, url, before)
     finally:
@@ -168,20 +191,22 @@ async def call(server: tuple[str, int], url: str, clip: spec.Clip, rendered: Ren
     left_nothing = await _nothing_left(url)
     seconds = time.monotonic() - began
     if failed is not None or judged.void is not None:
-        return DoorCall(clip, None, left_nothing=left_nothing, void=failed or judged.void, seconds=seconds)
+        return DoorCall(clip, None, left_nothing=left_nothing, void=failed or judged.void, seconds=seconds,
+                        turns=turns)
     return DoorCall(clip, judged.takeover, stop_ms=judged.stop_ms, answer_ms=judged.answer_ms,
-                    left_nothing=left_nothing, seconds=seconds)
+                    left_nothing=left_nothing, seconds=seconds, turns=turns)
 
 
 async def play(server: tuple[str, int], url: str, clips: list[spec.Clip], cache: Path, voice: str = PIPER,
-               progress: Callable[[str], None] = lambda _: None) -> list[DoorCall]:
-    """Each clip as one phone call to the SIP edge at ``server`` (its HTTP at ``url``), one after another."""
+               progress: Callable[[str], None] = lambda _: None, turns: str = DEFAULT_TURNS) -> list[DoorCall]:
+    """Each clip as one phone call to the SIP edge at ``server`` (its HTTP at ``url``), one after
+    another; ``turns``: how that server's sessions end turns (``turn_door.TURNS``)."""
     question = question_audio(voice)
     calls: list[DoorCall] = []
     began = time.monotonic()
     try:
         for n, clip in enumerate(clips, 1):
-            judged = await call(server, url, clip, render(cache, clip), question)
+            judged = await call(server, url, clip, render(cache, clip), question, turns)
             calls.append(judged)
             elapsed = time.monotonic() - began
             progress(f"  call {n}/{len(clips)} ({elapsed / 60:.1f} min, about "
