@@ -185,7 +185,25 @@ def test_a_pause_shorter_than_the_turns_silence_is_held_on_the_phone_and_the_sen
     assert call.left_nothing
 
 
-def test_the_sip_door_refuses_what_a_phone_cannot_show(tmp_path: Path):
+@needs_a_server
+@pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (sip-tester) is not installed")
+def test_over_the_phone_a_complete_turn_is_played_again_on_a_server_that_ends_turns_on_silence(tmp_path: Path):
+    out = tmp_path / "sip.json"
+    run = subprocess.run([sys.executable, "-m", "duplex.cli", "bench", "turn-taking", "--corpus", "dev", "--door",
+                          "sip", "--config", "toy-voice", "--categories", "smooth", "--limit", "1", "--voice", "en-us",
+                          "--cache", str(tmp_path / "cache"), "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=170)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "--session.turn_detection server_vad" in run.stderr  # the second server, started for the baseline
+    report = json.loads(out.read_text())
+    own, silence = report["calls"]
+    assert (own["turns"], silence["turns"]) == ("default", "silence")
+    assert own["speaker"] == silence["speaker"] and own["variant"] == silence["variant"]  # the same clip twice
+    assert all(c["void"] is None and c["answer_ms"] > 0 and c["left_nothing"] for c in report["calls"])
+    assert report["turns_versus_silence"]["paired_ms"]["n"] == 1
+
+
+def test_the_door_refuses_an_unknown_category_and_a_phone_server_without_its_sip_address(tmp_path: Path):
     for extra, said in ((["--categories", "question"], "unknown ['question']"),
                         (["--url", "http://127.0.0.1:9"], "needs --sip-address")):
         run = subprocess.run([sys.executable, "-m", "duplex.cli", "bench", "turn-taking", "--corpus", "dev",

@@ -112,7 +112,8 @@ def run_door(args: argparse.Namespace) -> int:
             _say("--url: complete turns are played with the server's own turn detection only")
     else:
         way, calls = f"{args.door} ({config})", _serve_and_play(args, config, clips, [])
-        if complete and args.door == "sip":  # the baseline a phone cannot ask for: a server that ends turns on silence
+        # the baseline a phone cannot ask for: a server that ends turns on silence (not after a Ctrl-C)
+        if complete and args.door == "sip" and len(calls) == len(clips):
             calls += _serve_and_play(args, config, complete, door_sip.SILENCE_OVERRIDE, door.SILENCE_TURNS)
     report = door_report.print_report(calls, way, args.corpus, phone=args.door == "sip")
     report.update({"command": command, "part": args.corpus, "door": args.door, "way": way, "seed": args.seed,
