@@ -26,7 +26,7 @@ from import_cycles import ROOT, cycles, imports_of, module_files
 TOOLS = ["duplex_tools.cli", "duplex_tools.bench", "duplex_tools.scenario", "duplex_tools.qwen3_omni",
          "duplex_tools"]
 SESSION = ["duplex.session", "duplex.session.realtime", "duplex.session.core"]
-BOTTOM = ["duplex.runtime", "duplex.config", "duplex.audio", "duplex.lifecycle"]
+BOTTOM = ["duplex.runtime", "duplex.config", "duplex.audio", "duplex.lifecycle", "duplex.cpu_wait"]
 DUPLEX_LABEL = {"duplex.edge": "edge (own modules)", "duplex.session": "session (the call)",
                 "duplex.session.core": "session core", "duplex.models": "models (registry)",
                 "duplex_tools": "tools (shared)"}
@@ -82,6 +82,7 @@ def design(config: configparser.ConfigParser, families: list[str]) -> dict[str, 
     for upper, lower in zip(chain, chain[1:]):
         steps[upper].add(lower)
     steps["duplex.config"].add("duplex.lifecycle")  # below every room too, beside the audio
+    steps["duplex.config"].add("duplex.cpu_wait")  # the watchdogs' excuse, for stages and media workers alike
     # peers of a layer (the doors; the phone and plug-in seams) all sit on the chain's step; from the
     # lowest layer up, so a door's peers also get the steps its layer's first room gets from peers below
     for layer in reversed(edge_layers(config)):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from duplex.runtime.cpu_wait import RunQueueWait
+from duplex.cpu_wait import RunQueueWait
 
 pytestmark = pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
                                 reason="needs Linux scheduler statistics (/proc/PID/task/TID/schedstat)")

@@ -16,10 +16,10 @@ import time
 import pytest
 
 from duplex.config import pipeline_from_dict
+from duplex.cpu_wait import RunQueueWait
 from duplex.models.registry import BUILDERS
 from duplex.runtime.contract import ErrorCode, TurnRequest
 from duplex.runtime.coordinator import Coordinator
-from duplex.runtime.cpu_wait import RunQueueWait
 from duplex.runtime.requests import RequestStatus
 from duplex.runtime.supervisor import ProcessState
 from tests import supervision_helpers

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from duplex.config.pipeline import PipelineConfig
+from duplex.cpu_wait import RunQueueWait
 from duplex.runtime import messages as m
 from duplex.runtime.contract import ErrorCode, StageError
-from duplex.runtime.cpu_wait import RunQueueWait
 from duplex.runtime.processes import StageProcesses
 from duplex.runtime.requests import RequestState
 

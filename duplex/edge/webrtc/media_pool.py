@@ -21,6 +21,7 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
+from duplex.cpu_wait import RunQueueWait
 from duplex.edge.config import EdgeConfig
 from duplex.edge.webrtc import media_messages as mm
 from duplex.edge.webrtc.media import WEBRTC_OUTPUT
@@ -167,6 +168,8 @@ class WorkerHandle:
         self.answered_at = time.monotonic()  # its last Pong (or its start)
         self.lags: deque[tuple[float, float]] = deque()  # (when, how late its loop ran) per Pong
         self.stalled_s: float | None = None  # set when the watchdog ended it
+        self.run_queue = RunQueueWait()
+        self.starved_s = 0.0  # what it waited for a CPU since its answer was first late
 
     async def listen(self) -> None:
         self._server = await asyncio.get_running_loop().create_unix_server(self._connected, self.spec.path)
@@ -212,7 +215,7 @@ class WorkerHandle:
         """Every playing call's output, one frame per 20 ms deadline here, in one message to
         the worker (pacing here keeps the echo gate's idea of what was played in step with the
         session; one message per frame time, not per call, keeps the pipe's wake-ups few). Every
-        ``PING_FRAMES`` it pings the worker and watches the answers (``_watch``)."""
+        ``PING_FRAMES`` it pings the worker and watches the answers (``unexcused_silence``)."""
         pacer = FramePacer(WEBRTC_OUTPUT.frame_ms / 1000)
         late_checks = 0
 
@@ -224,19 +227,34 @@ class WorkerHandle:
                 self.send(mm.Play(frames))
             if pacer.frames % PING_FRAMES == 0:
                 self.send(mm.Ping(due))
-                late_checks = late_checks + 1 if due - self.answered_at > stall_s else 0
+                silent_s = self.unexcused_silence(due, PING_FRAMES * pacer.frame_s)
+                late_checks = late_checks + 1 if silent_s > stall_s else 0
                 if late_checks >= 2:  # twice in a row: this loop has read whatever had arrived
-                    self._end_stalled(due - self.answered_at)
+                    self._end_stalled(silent_s)
                     return True
             return False
 
         await pacer.run(tick)
 
+    def unexcused_silence(self, now: float, ping_s: float) -> float:
+        """How long the worker has not answered, less what it waited for a CPU since its answer
+        was late (``cpu_wait``: on a busy box a starved worker is not a hung one). The counters are
+        read only while an answer is overdue (past two pings); the first overdue reading sets the
+        baseline and counts in full."""
+        silent_s = now - self.answered_at
+        if silent_s <= 2 * ping_s or self.pid is None:
+            self.starved_s = 0.0
+            if self.pid is not None:
+                self.run_queue.forget(self.pid)
+            return silent_s
+        self.starved_s = min(silent_s, self.starved_s + self.run_queue.waited(self.pid))
+        return silent_s - self.starved_s
+
     def _end_stalled(self, silent_s: float) -> None:
         """The worker stopped answering (stopped, stuck in a call into C, swapping): it is ended,
         which fails its calls and starts it again, like any other death."""
-        log.error("media worker %d (pid %s) has not answered for %.1f s; ending it",
-                  self.spec.index, self.pid, silent_s)
+        log.error("media worker %d (pid %s) has not answered for %.1f s (besides %.1f s waiting for a CPU); "
+                  "ending it", self.spec.index, self.pid, silent_s, self.starved_s)
         self.stalled_s = silent_s
         if self.process is not None and self.process.pid is not None:
             with contextlib.suppress(ProcessLookupError):

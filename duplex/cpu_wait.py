@@ -1,10 +1,12 @@
 """How long a process waited for a CPU: Linux's per-thread run-queue delay (``schedstat``).
 
-The watchdog asks it so that a process starved of the CPU is not taken for a hung one. On a box
-whose cores a nice-0 engine (a CPU vLLM) keeps busy, a niced stage process can sit runnable for
-seconds; its I/O thread then answers no ping, though nothing in it is stuck, and killing it would
-only fail the call it serves. A hung process (stopped, deadlocked, blocked in a call) is not
-runnable, so its threads wait on no run queue and its silence counts in full.
+Below every layer (it imports nothing of duplex), like ``lifecycle``: the runtime's watchdog over
+stage processes and the edge's over media workers both ask it, so that a process starved of the
+CPU is not taken for a hung one. On a box whose cores a nice-0 engine (a CPU vLLM) keeps busy, a
+niced stage process or a media worker can sit runnable for seconds; its I/O thread then answers
+no ping, though nothing in it is stuck, and killing it would only fail the calls it serves. A hung
+process (stopped, deadlocked, blocked in a call) is not runnable, so its threads wait on no run
+queue and its silence counts in full.
 
 ``waited(pid)`` is, over the process's threads, the largest growth of run-queue delay since the
 previous call for that pid: the thread that waited most held the others up at most that long
