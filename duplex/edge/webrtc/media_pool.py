@@ -238,16 +238,15 @@ class WorkerHandle:
 
     def unexcused_silence(self, now: float, ping_s: float) -> float:
         """How long the worker has not answered, less what it waited for a CPU since its answer
-        was late (``cpu_wait``: on a busy box a starved worker is not a hung one). The counters are
-        read only while an answer is overdue (past two pings); the first overdue reading sets the
-        baseline and counts in full."""
+        was overdue (``cpu_wait``: on a busy box a starved worker is not a hung one). The counters
+        are read at every ping (a few small files, twice a second), so that the first overdue
+        ping already has a baseline: read only once overdue, the silence before the baseline
+        would count in full and could reach a stall limit of a second or two by itself."""
         silent_s = now - self.answered_at
-        if silent_s <= 2 * ping_s or self.pid is None:
-            self.starved_s = 0.0
-            if self.pid is not None:
-                self.run_queue.forget(self.pid)
+        if self.pid is None:
             return silent_s
-        self.starved_s = min(silent_s, self.starved_s + self.run_queue.waited(self.pid))
+        waited = self.run_queue.waited(self.pid)
+        self.starved_s = min(silent_s, self.starved_s + waited) if silent_s > ping_s else 0.0
         return silent_s - self.starved_s
 
     def _end_stalled(self, silent_s: float) -> None:
