@@ -16,13 +16,14 @@ import time
 import pytest
 
 from duplex.config import pipeline_from_dict
-from duplex.cpu_wait import RunQueueWait
+from duplex.cpu_wait import ProcessActivity
 from duplex.models.registry import BUILDERS
 from duplex.runtime.contract import ErrorCode, TurnRequest
 from duplex.runtime.coordinator import Coordinator
 from duplex.runtime.requests import RequestStatus
 from duplex.runtime.supervisor import ProcessState
 from tests import supervision_helpers
+from tests.fake_proc import FakeProcess
 from tests.runtime_helpers import stage_holds, toy_pipeline, wait_for
 
 pytestmark = pytest.mark.slow
@@ -127,44 +128,20 @@ async def test_a_long_model_step_holding_the_gil_does_not_trip_the_watchdog():
         assert (await coord.stats())["busy"].pid == pid
 
 
-class _RunQueueFiles:
-    """The kernel's per-thread ``schedstat`` for one pid, written under ``root``: its one thread
-    waits on a run queue while ``waiting`` (a starvation of seconds cannot be made on demand on a
-    shared box; tests/test_cpu_wait.py checks the reader against the kernel's own files)."""
-
-    def __init__(self, root, pid: int) -> None:
-        self.path = root / str(pid) / "task" / str(pid) / "schedstat"
-        self.path.parent.mkdir(parents=True)
-        self.waited_ns = 0
-        self.waiting = True
-        self._write()
-
-    def _write(self) -> None:
-        self.path.write_text(f"0 {self.waited_ns} 0\n")
-
-    async def run(self) -> None:
-        last = time.monotonic_ns()
-        while True:
-            await asyncio.sleep(INTERVAL_S / 20)  # the kernel's counter moves continuously; this often is enough
-            now = time.monotonic_ns()
-            if self.waiting:
-                self.waited_ns += now - last
-                self._write()
-            last = now
-
-
 async def test_a_silence_spent_waiting_for_a_cpu_is_not_counted_and_one_spent_stopped_is(tmp_path):
     async with _coordinator(SLOW, watchdog_timeout_s=TIMEOUT_S, request_stall_s=0) as coord:
         handle, pid = await _turn_held_by_b(coord, "starved turn")
         supervisor = coord.supervisor
         health = supervisor.health["b"]
-        files = _RunQueueFiles(tmp_path, pid)
-        supervisor.run_queue = RunQueueWait(proc_root=str(tmp_path))
-        writer = asyncio.create_task(files.run())
+        files = FakeProcess(tmp_path, pid)  # its counters as the kernel would move them, under a fake /proc
+        files.waiting = True
+        assert health.silence is not None
+        health.silence.activity = ProcessActivity(proc_root=str(tmp_path))
+        writer = asyncio.create_task(files.run(INTERVAL_S / 20))
         try:
             with stopped(pid):  # silent; the first part of it "waiting for a CPU"
                 async def starved_long() -> bool:
-                    return health.starved_s >= 3 * TIMEOUT_S
+                    return health.silence is not None and health.silence.slow_s >= 3 * TIMEOUT_S
 
                 await wait_for(starved_long, timeout=3 * TIMEOUT_S + 10, what="three watchdog timeouts of starvation")
                 # silent three timeouts long, all of it waiting: not killed

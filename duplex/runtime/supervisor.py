@@ -10,9 +10,9 @@ it back; a request that makes no progress for ``request_stall_s`` fails with ``t
 
 Both deadlines run on the supervision clock: it advances with each watchdog tick by at most two
 tick periods, so a coordinator loop that was itself blocked (a pong sitting unread in the
-socket) never makes a stage or a request look dead. A process's silence, besides, counts only the
-time it could run: what its threads waited on a run queue (``cpu_wait``) is left out, so a stage
-starved of the CPU by a busy box is not killed as a hung one.
+socket) never makes a stage or a request look dead. A process's silence, besides, counts towards
+the watchdog's limit only while it was hung (``cpu_wait``): time it spent busy or waiting for a
+CPU on a busy box counts only up to ten limits, so a starved stage is not killed as a hung one.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from duplex.config.pipeline import PipelineConfig
-from duplex.cpu_wait import RunQueueWait
+from duplex.cpu_wait import Silence
 from duplex.runtime import messages as m
 from duplex.runtime.contract import ErrorCode, StageError
 from duplex.runtime.processes import StageProcesses
@@ -55,9 +55,8 @@ class ProcessHealth:
     watchdog_kills: int = 0
     reason: str = ""  # why it last died, or why it is down
     retry_at: float | None = None  # DOWN: when the budget allows the next try (None: never)
-    silent_s: float = 0.0  # supervision-clock seconds since its last pong, less its waits for a CPU
-    starved_s: float = 0.0  # of the time since its last pong, what it spent waiting for a CPU
-    cpu_wait_s: float = 0.0  # its processes' waits for a CPU while their answers were late, summed
+    silence: Silence | None = None  # since its last pong (made by the supervisor: its tick period)
+    cpu_wait_s: float = 0.0  # time its processes spent busy or waiting for a CPU while silent, summed
     kill_reason: str | None = None  # set when the watchdog killed it
 
 
@@ -84,7 +83,7 @@ class Supervisor:
         self.coord = coordinator
         self.cfg = coordinator.cfg.supervision
         self.procs = coordinator.procs
-        self.health = {process: ProcessHealth() for process in self.procs.groups}
+        self.health = {process: ProcessHealth(silence=self._silence()) for process in self.procs.groups}
         self.clock = 0.0  # supervision seconds (see the module doc)
         self.restarts = 0
         self.watchdog_kills = 0
@@ -92,7 +91,6 @@ class Supervisor:
         self._tasks: list[asyncio.Task] = []
         self._changed = asyncio.Event()  # a process came (back) up: the death watch re-arms
         self._pings: dict[int, str] = {}  # query id -> process
-        self.run_queue = RunQueueWait()  # how long a process waited for a CPU (see the module doc)
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -153,8 +151,9 @@ class Supervisor:
         process = self._pings.pop(msg.query_id, None)
         if process is None:
             return False
-        health = self.health[process]
-        health.silent_s = health.starved_s = 0.0
+        silence = self.health[process].silence
+        if silence is not None:
+            silence.heard()
         return True
 
     # -- death and restarts ---------------------------------------------------------------------
@@ -193,8 +192,6 @@ class Supervisor:
     def _discard(self, process: str) -> None:
         """Forget a dead (or failed-to-start) process: kill what is left, free its segments."""
         proc = self.procs.procs.pop(process)
-        if proc.pid is not None:
-            self.run_queue.forget(proc.pid)
         if proc.exitcode is None:
             proc.kill()
         proc.join(5)
@@ -231,7 +228,7 @@ class Supervisor:
                 await self._down_until(process, max(now + self.cfg.restart_window_s / max(1, self.cfg.max_restarts),
                                                     time.monotonic() + 1.0))
                 continue
-            health.state, health.retry_at, health.silent_s, health.starved_s = ProcessState.UP, None, 0.0, 0.0
+            health.state, health.retry_at, health.silence = ProcessState.UP, None, self._silence()
             self._changed.set()
             log.warning("restarted %s (%d restart(s) in the last %.0f s)", process, len(health.restarts),
                         self.cfg.restart_window_s)
@@ -274,23 +271,21 @@ class Supervisor:
             self.clock += step
             last = now
             if self.cfg.watchdog_timeout_s > 0:
-                self._watchdog(step)
+                self._watchdog(now)
             if self.cfg.request_stall_s > 0:
                 self._stall_deadline()
 
-    def _watchdog(self, step: float) -> None:
+    def _watchdog(self, now: float) -> None:
         for process, health in self.health.items():
             proc = self.procs.procs.get(process)
             if health.state is not ProcessState.UP or proc is None or proc.exitcode is not None:
                 continue
-            starved = self._starved(process, proc.pid, step)
-            health.silent_s += step - starved
-            health.starved_s += starved
-            health.cpu_wait_s += starved
-            if health.silent_s > self.cfg.watchdog_timeout_s and health.kill_reason is None:
-                waits = f", besides {health.starved_s:.1f}s waiting for a CPU" if health.starved_s >= 0.1 else ""
+            silence = health.silence
+            assert silence is not None
+            health.cpu_wait_s += silence.tick(proc.pid, now)
+            if silence.over(self.cfg.watchdog_timeout_s) and health.kill_reason is None:
                 health.kill_reason = (f"stopped answering (no reply to the watchdog's pings for "
-                                      f"{health.silent_s:.1f}s{waits}, supervision.watchdog_timeout_s "
+                                      f"{silence.describe()}, supervision.watchdog_timeout_s "
                                       f"{self.cfg.watchdog_timeout_s:g}); killed")
                 health.watchdog_kills += 1
                 self.watchdog_kills += 1
@@ -302,15 +297,8 @@ class Supervisor:
             self._pings[query_id] = process
             self.coord.send(self.procs.groups[process][0], m.Ping(query_id=query_id, sent_ns=time.monotonic_ns()))
 
-    def _starved(self, process: str, pid: int | None, step: float) -> float:
-        """How much of the last tick the process waited for a CPU, read only while its answer is
-        late (reading every thread's counters costs ~20 us a thread, on the server's loop): the
-        first late tick sets the baseline and counts in full."""
-        if pid is None or self.health[process].silent_s == 0.0:
-            if pid is not None:
-                self.run_queue.forget(pid)
-            return 0.0
-        return min(self.run_queue.waited(pid), step)
+    def _silence(self) -> Silence:
+        return Silence(self.cfg.watchdog_interval_s)
 
     def _stall_deadline(self) -> None:
         limit = self.cfg.request_stall_s

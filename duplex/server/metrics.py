@@ -211,10 +211,10 @@ class StageCollector(Collector):
                                    labels=["stage"])
         kills = CounterMetricFamily("duplex_stage_watchdog_kills", "Stage processes killed for not answering pings",
                                     labels=["stage"])
-        # a CPU box's overload, stage by stage: what the most delayed thread of its process waited
-        # on a run queue while its answer to the watchdog was late (Linux schedstat; 0 where unread)
-        cpu_wait = CounterMetricFamily("duplex_stage_cpu_wait_seconds", "Seconds a stage's process waited for a "
-                                       "CPU while late answering the watchdog", labels=["stage"])
+        # a CPU box's overload, stage by stage: how long its process was busy on a CPU or waiting
+        # for one while its answer to the watchdog was late (Linux /proc; 0 where unread)
+        cpu_wait = CounterMetricFamily("duplex_stage_cpu_wait_seconds", "Seconds a stage's process was busy or "
+                                       "waited for a CPU while late answering the watchdog", labels=["stage"])
         for process, stages in self._coordinator.procs.groups.items():
             health = supervisor.health[process]
             for stage in stages:

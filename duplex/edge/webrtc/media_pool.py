@@ -21,7 +21,7 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
-from duplex.cpu_wait import RunQueueWait
+from duplex.cpu_wait import Silence
 from duplex.edge.config import EdgeConfig
 from duplex.edge.webrtc import media_messages as mm
 from duplex.edge.webrtc.media import WEBRTC_OUTPUT
@@ -165,11 +165,9 @@ class WorkerHandle:
         self.pipe: FramedPipe | None = None
         self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._server: asyncio.Server | None = None
-        self.answered_at = time.monotonic()  # its last Pong (or its start)
         self.lags: deque[tuple[float, float]] = deque()  # (when, how late its loop ran) per Pong
+        self.silence = Silence(PING_FRAMES * WEBRTC_OUTPUT.frame_ms / 1000)  # since its last Pong
         self.stalled_s: float | None = None  # set when the watchdog ended it
-        self.run_queue = RunQueueWait()
-        self.starved_s = 0.0  # what it waited for a CPU since its answer was first late
 
     async def listen(self) -> None:
         self._server = await asyncio.get_running_loop().create_unix_server(self._connected, self.spec.path)
@@ -186,8 +184,8 @@ class WorkerHandle:
                 self._server.close()  # its one worker is in: nobody else may connect
             return
         if isinstance(message, mm.Pong):
-            self.answered_at = time.monotonic()
-            self.lags.append((self.answered_at, message.loop_lag_s))
+            self.silence.heard()
+            self.lags.append((time.monotonic(), message.loop_lag_s))
             return
         peer = self.calls.get(getattr(message, "call", ""))
         if peer is not None:
@@ -215,7 +213,7 @@ class WorkerHandle:
         """Every playing call's output, one frame per 20 ms deadline here, in one message to
         the worker (pacing here keeps the echo gate's idea of what was played in step with the
         session; one message per frame time, not per call, keeps the pipe's wake-ups few). Every
-        ``PING_FRAMES`` it pings the worker and watches the answers (``unexcused_silence``)."""
+        ``PING_FRAMES`` it pings the worker and watches the answers (``watch``)."""
         pacer = FramePacer(WEBRTC_OUTPUT.frame_ms / 1000)
         late_checks = 0
 
@@ -227,34 +225,26 @@ class WorkerHandle:
                 self.send(mm.Play(frames))
             if pacer.frames % PING_FRAMES == 0:
                 self.send(mm.Ping(due))
-                silent_s = self.unexcused_silence(due, PING_FRAMES * pacer.frame_s)
-                late_checks = late_checks + 1 if silent_s > stall_s else 0
+                late_checks = late_checks + 1 if self.watch(due, stall_s) else 0
                 if late_checks >= 2:  # twice in a row: this loop has read whatever had arrived
-                    self._end_stalled(silent_s)
+                    self._end_stalled()
                     return True
             return False
 
         await pacer.run(tick)
 
-    def unexcused_silence(self, now: float, ping_s: float) -> float:
-        """How long the worker has not answered, less what it waited for a CPU since its answer
-        was overdue (``cpu_wait``: on a busy box a starved worker is not a hung one). The counters
-        are read at every ping (a few small files, twice a second), so that the first overdue
-        ping already has a baseline: read only once overdue, the silence before the baseline
-        would count in full and could reach a stall limit of a second or two by itself."""
-        silent_s = now - self.answered_at
-        if self.pid is None:
-            return silent_s
-        waited = self.run_queue.waited(self.pid)
-        self.starved_s = min(silent_s, self.starved_s + waited) if silent_s > ping_s else 0.0
-        return silent_s - self.starved_s
+    def watch(self, now: float, stall_s: float) -> bool:
+        """One watchdog tick: True once the worker's silence is past the limit (``cpu_wait``: time
+        it spent busy or waiting for a CPU, on a busy box, counts only up to ten limits)."""
+        self.silence.tick(self.pid, now)
+        return self.silence.over(stall_s)
 
-    def _end_stalled(self, silent_s: float) -> None:
+    def _end_stalled(self) -> None:
         """The worker stopped answering (stopped, stuck in a call into C, swapping): it is ended,
         which fails its calls and starts it again, like any other death."""
-        log.error("media worker %d (pid %s) has not answered for %.1f s (besides %.1f s waiting for a CPU); "
-                  "ending it", self.spec.index, self.pid, silent_s, self.starved_s)
-        self.stalled_s = silent_s
+        log.error("media worker %d (pid %s) has not answered for %s; ending it", self.spec.index, self.pid,
+                  self.silence.describe())
+        self.stalled_s = self.silence.total_s
         if self.process is not None and self.process.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGKILL)
@@ -308,7 +298,6 @@ class MediaWorkers:
                 raise RuntimeError(f"media worker {index} was not ready within {READY_TIMEOUT_S:g} s")
             await asyncio.wait({handle.ready}, timeout=0.2)
         handle.pid, handle.alive = handle.ready.result(), True
-        handle.answered_at = time.monotonic()
         pacer = loop.create_task(handle.pace(self.edge.media_stall_s), name=f"media-pace-{index}")
         self._pacers[index] = pacer
         loop.add_reader(process.sentinel, self._on_exit, handle, generation, pacer)
