@@ -139,14 +139,16 @@ class Silence:
 
     def tick(self, pid: int | None, now: float) -> float:
         """A watchdog tick at ``now`` (monotonic seconds): the process was silent since the last.
-        Returns the seconds of it excused (the process was busy or waiting for a CPU)."""
+        Returns the seconds of it excused (busy or waiting for a CPU) while its answer was overdue
+        (none on the first tick after an answer: that one's answer may be on its way)."""
+        overdue = self.total_s > 0
         step = 0.0 if self._ticked_at is None else min(now - self._ticked_at, 2 * self.period_s)
         self._ticked_at = now
         self.last = self.activity.since(pid) if pid is not None else Activity()
         excused = self.last.excused(step)
         self.total_s += step
         self.hung_s += step - excused
-        return excused
+        return excused if overdue else 0.0
 
     def over(self, limit_s: float) -> bool:
         """Hung longer than the limit, or silent ``SLOW_LIMIT_FACTOR`` limits however slow."""

@@ -49,6 +49,7 @@ async def test_a_silence_spent_waiting_for_a_cpu_or_busy_is_excused_and_one_spen
     process.waiting = True
     now, over = _ticks(handle, process, now, 8)  # 4 s waiting for a CPU
     assert not over and handle.silence.hung_s == 0 and handle.silence.slow_s == pytest.approx(4.0)
+    assert handle.slow_s == pytest.approx(3.5)  # what stats show: the first tick's answer was not yet due
     process.waiting, process.busy = False, True
     now, over = _ticks(handle, process, now, 8)  # 4 s busy (a long step that keeps its loop)
     assert not over and handle.silence.hung_s == 0 and handle.silence.slow_s == pytest.approx(8.0)
@@ -115,6 +116,7 @@ async def test_a_stopped_worker_waiting_for_a_cpu_is_kept_and_ended_once_it_wait
         os.kill(pid, signal.SIGSTOP)  # silent, as a worker starved of the CPU is
         await wait_for(starved_long, timeout=3 * STALL_S + 20, what="three stall limits of waiting for a CPU")
         assert workers.workers[0] is handle and handle.stalled_s is None and workers.restarts == 0  # kept
+        assert workers.stats()["late_slow_s"][0] >= 2 * STALL_S  # what /duplex/stats shows
         process.waiting = False  # silent, and waiting for nothing: hung
         await wait_for(restarted, timeout=4 * STALL_S + 20, what="the hung worker ended and started again")
         assert handle.stalled_s is not None and handle.stalled_s > STALL_S

@@ -168,6 +168,7 @@ class WorkerHandle:
         self.lags: deque[tuple[float, float]] = deque()  # (when, how late its loop ran) per Pong
         self.silence = Silence(PING_FRAMES * WEBRTC_OUTPUT.frame_ms / 1000)  # since its last Pong
         self.stalled_s: float | None = None  # set when the watchdog ended it
+        self.slow_s = 0.0  # time it spent busy or waiting for a CPU while its answer was late, summed
 
     async def listen(self) -> None:
         self._server = await asyncio.get_running_loop().create_unix_server(self._connected, self.spec.path)
@@ -236,7 +237,7 @@ class WorkerHandle:
     def watch(self, now: float, stall_s: float) -> bool:
         """One watchdog tick: True once the worker's silence is past the limit (``cpu_wait``: time
         it spent busy or waiting for a CPU, on a busy box, counts only up to ten limits)."""
-        self.silence.tick(self.pid, now)
+        self.slow_s += self.silence.tick(self.pid, now)
         return self.silence.over(stall_s)
 
     def _end_stalled(self) -> None:
@@ -373,5 +374,7 @@ class MediaWorkers:
         return {"workers": self.count, "up": sum(w.alive for w in workers), "restarts": self.restarts,
                 "loop_lag_ms": [round(w.loop_lag_s(self.lag_window_s) * 1000, 1) for w in workers if w.alive],
                 "pids": [w.pid for w in workers if w.alive],
-                "calls": [len(w.calls) for w in workers], "dropped_commands": sum(w.dropped for w in workers)}
+                "calls": [len(w.calls) for w in workers], "dropped_commands": sum(w.dropped for w in workers),
+                # what a busy box cost them: seconds spent busy or waiting for a CPU while late answering
+                "late_slow_s": [round(w.slow_s, 1) for w in workers if w.alive]}
 
