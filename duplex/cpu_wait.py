@@ -71,6 +71,9 @@ class ProcessActivity:
         return Activity(ran_s=max(0.0, now.cpu_s - before.cpu_s), waited_s=max(growth, default=0) / 1e9,
                         runnable=now.runnable, states=now.states)
 
+    def forget(self, pid: int) -> None:
+        self._last.pop(pid, None)
+
     def _read(self, pid: int) -> _Reading:
         base = f"{self._root}/{pid}"
         try:
@@ -121,9 +124,13 @@ class Silence:
     adds at most two tick periods, so a watchdog whose own loop was held up (a blocked or starved
     server) never counts its own absence as the process's silence."""
 
-    def __init__(self, period_s: float, activity: ProcessActivity | None = None) -> None:
+    def __init__(self, period_s: float, activity: ProcessActivity | None = None, eager: bool = True) -> None:
         self.period_s = period_s
         self.activity = activity or ProcessActivity()
+        # eager: read the process at every tick, so that the first overdue one has a baseline (a
+        # reading costs ~50 us a thread: a media worker's few threads, at a limit of a second);
+        # else only once its answer is overdue (a stage's many threads, at a limit of seconds)
+        self.eager = eager
         self.total_s = 0.0  # since its last answer
         self.hung_s = 0.0  # of which the process was neither busy nor waiting for a CPU
         self._ticked_at: float | None = None
@@ -144,7 +151,13 @@ class Silence:
         overdue = self.total_s > 0
         step = 0.0 if self._ticked_at is None else min(now - self._ticked_at, 2 * self.period_s)
         self._ticked_at = now
-        self.last = self.activity.since(pid) if pid is not None else Activity()
+        if pid is None:
+            self.last = Activity()
+        elif self.eager or overdue:
+            self.last = self.activity.since(pid)
+        else:
+            self.last = Activity()
+            self.activity.forget(pid)  # the next reading is a new baseline
         excused = self.last.excused(step)
         self.total_s += step
         self.hung_s += step - excused

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from duplex.cpu_wait import ProcessActivity, Silence
+from tests.fake_proc import FakeProcess
 
 pytestmark = pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"),
                                 reason="needs Linux scheduler statistics (/proc/PID/task/TID/schedstat)")
@@ -82,3 +83,22 @@ def test_a_process_that_is_gone_or_unreadable_excuses_nothing(tmp_path):
     for n in range(4):
         silence.tick(7, 100.0 + n * 0.5)
     assert silence.hung_s == pytest.approx(1.5) and silence.over(1.0)
+
+
+def test_a_lazy_silence_reads_the_process_only_once_its_answer_is_overdue(tmp_path):
+    process = FakeProcess(tmp_path, 7)
+    process.busy = True
+    activity = ProcessActivity(proc_root=str(tmp_path))
+    silence = Silence(0.5, activity, eager=False)
+    reads = []
+    since = activity.since
+    activity.since = lambda pid: reads.append(pid) or since(pid)  # type: ignore[method-assign]
+    for n in range(4):
+        process.advance(0.5)
+        silence.tick(7, 100.0 + n * 0.5)
+    # the first tick sets its clock, the second's answer is not yet due (counted, unread), the
+    # third and fourth read it: busy, excused
+    assert reads == [7, 7] and silence.hung_s == pytest.approx(0.5) and silence.slow_s == pytest.approx(1.0)
+    silence.heard()
+    silence.tick(7, 102.0)
+    assert reads == [7, 7]  # answered: not read again until overdue

@@ -298,7 +298,7 @@ class Supervisor:
             self.coord.send(self.procs.groups[process][0], m.Ping(query_id=query_id, sent_ns=time.monotonic_ns()))
 
     def _silence(self) -> Silence:
-        return Silence(self.cfg.watchdog_interval_s)
+        return Silence(self.cfg.watchdog_interval_s, eager=False)  # a torch process's threads are many
 
     def _stall_deadline(self) -> None:
         limit = self.cfg.request_stall_s
