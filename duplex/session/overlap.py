@@ -33,8 +33,9 @@ shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed 
   voiced, and the hold keeps the reply from resuming before the rest of the sentence cuts it;
 - words that are not back ``words_wait_ms`` after the sound's end, or a probe that ends without
   them, leave the sound's verdict too: the decision never hangs on the ASR;
-- words the sound could not have said, or the recogniser was not sure of
-  (``overlap_words.credible``: Whisper's sentences made up from a cough) are no words.
+- words the sound could not have said, or the recogniser was not sure of, or too few for the
+  voice they came with (``overlap_words.credible``: Whisper's sentences made up from a cough, its
+  few words made up over a long hum) are no words.
 
 The sound's time alone also cuts doubled backchannels ("mm-hmm, mm-hmm", "yeah yeah") and long
 noises (a keyboard, a laugh, music) at ``interrupt_ms`` or ``max_overlap_ms``, before any word of
@@ -314,7 +315,8 @@ class Listening(Generic[R]):
             return learned
         config = self.judge.config
         spoken = spoken_words(words.text)
-        heard = credible(spoken, voiced_ms, config.noise_ms, words.avg_logprob, config.min_logprob)
+        heard = credible(spoken, voiced_ms, config.noise_ms, words.avg_logprob, config.min_logprob,
+                         config.max_voiced_ms_per_word)
         return what_words_say(spoken if heard else [], config.min_words)
 
     def _by_words(self, verdict: OverlapVerdict, words: Transcript) -> OverlapVerdict:

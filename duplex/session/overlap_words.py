@@ -14,7 +14,10 @@ Whisper makes words up from a noise (measured on a 0.3 s cough: "I'm not a good 
 0.15 s burst: "I'm sorry.", over a sneeze or a door slam: "I'm not sure."), so words count only
 when the sound could have said them (``credible``): at least ``noise_ms`` voiced, ``MS_PER_WORD``
 of voiced audio per word, and, where the recogniser says how sure it was, a mean log-probability
-per token of at least ``barge_in.min_logprob`` (made-up words come with far less confidence).
+per token of at least ``barge_in.min_logprob`` (made-up words come with far less confidence), and
+not too few for the voice: over a long hum Whisper writes a few made-up words ("Em em them.",
+"Image in.", "Bubble, bubble."), so two or more words, none of them a floor word, that came with
+more than ``barge_in.max_voiced_ms_per_word`` of voiced audio each are no words either.
 
 The ears: ``OverlapEars`` sends the overlap's audio to the pipeline as an ``OverlapProbe``
 request (one per paused reply; the runtime routes it to the ASR stage and back, no further), and
@@ -47,11 +50,19 @@ def spoken_words(text: str) -> list[str]:
 
 
 def credible(words: list[str], voiced_ms: int, noise_ms: int, avg_logprob: float | None = None,
-             min_logprob: float | None = None) -> bool:
+             min_logprob: float | None = None, max_ms_per_word: int | None = None) -> bool:
     """Whether a sound with ``voiced_ms`` of voice could have said ``words``, heard with
     ``avg_logprob`` (None: unknown) (see above)."""
     sure = avg_logprob is None or min_logprob is None or avg_logprob >= min_logprob
-    return sure and voiced_ms >= noise_ms and len(words) * MS_PER_WORD <= voiced_ms
+    return (sure and voiced_ms >= noise_ms and len(words) * MS_PER_WORD <= voiced_ms
+            and not _too_few_for_the_voice(words, voiced_ms, max_ms_per_word))
+
+
+def _too_few_for_the_voice(words: list[str], voiced_ms: int, max_ms_per_word: int | None) -> bool:
+    """A hum's made-up words: a lone word says too little anyway (``Said.TOO_FEW``), and a floor
+    word is a caller's even when drawn out ("wait, wait")."""
+    return (max_ms_per_word is not None and len(words) >= 2 and voiced_ms > max_ms_per_word * len(words)
+            and not any(word in FLOOR_WORDS for word in words))
 
 
 class Said(enum.Enum):

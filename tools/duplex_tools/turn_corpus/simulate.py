@@ -119,7 +119,8 @@ def run_overlap(frames: Frames, ears: WordsOf, barge_in: BargeInConfig, vad: Vad
             if settled is None and pending is not None and now >= pending[0]:
                 heard, pending = pending[1], None
                 run.words.append(heard.text)
-                settled = listening.heard(Transcript(heard.text, final=True, avg_logprob=heard.avg_logprob))
+                settled = listening.heard(Transcript(heard.text, final=True, avg_logprob=heard.avg_logprob,
+                                                     no_speech_prob=heard.no_speech_prob))
         else:
             cue = detector.push(i * FRAME_MS, voiced, min_speech_ms=min(vad.min_speech_ms, barge_in.pause_speech_ms))
             if isinstance(cue, SpeechStarted):
