@@ -31,8 +31,12 @@ class Activity:
 
     ran_s: float = 0.0  # CPU time its threads used, summed
     waited_s: float = 0.0  # the longest a thread of it waited on a run queue
-    runnable: bool = False  # a thread of it is running, waiting for a CPU or on the machine (R, D) now
     states: str = ""  # its threads' states at this reading (R, S, D, T, ...), one letter each
+
+    @property
+    def runnable(self) -> bool:
+        """A thread of it is running, waiting for a CPU or on the machine (R, D) at this reading."""
+        return "R" in self.states or "D" in self.states
 
     def excused(self, step_s: float) -> float:
         """How much of a silent tick of ``step_s`` (the span of this activity) was slow, not hung."""
@@ -46,10 +50,6 @@ class _Reading:
     cpu_s: float  # the process's CPU time so far (user + system)
     waits: dict[str, int]  # tid -> run-queue delay so far (ns)
     states: str
-
-    @property
-    def runnable(self) -> bool:
-        return "R" in self.states or "D" in self.states
 
 
 class ProcessActivity:
@@ -66,10 +66,10 @@ class ProcessActivity:
         before = self._last.get(pid)
         self._last[pid] = now
         if before is None:
-            return Activity(runnable=now.runnable, states=now.states)
+            return Activity(states=now.states)
         growth = [delay - before.waits[tid] for tid, delay in now.waits.items() if tid in before.waits]
         return Activity(ran_s=max(0.0, now.cpu_s - before.cpu_s), waited_s=max(growth, default=0) / 1e9,
-                        runnable=now.runnable, states=now.states)
+                        states=now.states)
 
     def forget(self, pid: int) -> None:
         self._last.pop(pid, None)
@@ -83,9 +83,9 @@ class ProcessActivity:
         waits: dict[str, int] = {}
         states = ""
         for tid in tids:
-            waits_ns = _field(f"{base}/task/{tid}/schedstat", 1)  # on-CPU ns, run-queue wait ns, slices
+            waits_ns = _run_queue_ns(f"{base}/task/{tid}/schedstat")
             if waits_ns is not None:
-                waits[tid] = int(waits_ns)
+                waits[tid] = waits_ns
             states += _state(f"{base}/task/{tid}/stat")
         times = _stat_fields(f"{base}/stat")
         try:
@@ -95,12 +95,11 @@ class ProcessActivity:
         return _Reading(cpu_s, waits, "".join(sorted(states)))
 
 
-def _field(path: str, index: int) -> str | None:
+def _run_queue_ns(path: str) -> int | None:
+    """A thread's run-queue delay so far from its schedstat (on-CPU ns, run-queue wait ns, slices)."""
     try:
         with open(path) as file:
-            fields = file.read().split()
-        int(fields[index])
-        return fields[index]
+            return int(file.read().split()[1])
     except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
         return None
 
