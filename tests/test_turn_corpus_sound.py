@@ -2,8 +2,9 @@
 corpus, in process on stream time (the session's VAD, turn detector and listening barge-in;
 Whisper-base on the probe's audio as the local pipeline runs it): speakers of the held-out part.
 A doubled backchannel, a breath and a burst of music, which 600 ms of voice cuts today before any
-word of them is heard, are held for their words and the reply resumes; real interruptions are
-still honoured, within ``max_overlap_ms`` of their onset."""
+word of them is heard, are held for their words and the reply resumes; words Whisper makes up
+over a "mhm" at a slow caller's pace count as none over a sound it hears as a backchannel; real
+interruptions are still honoured, within ``max_overlap_ms`` of their onset."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def _runs(tmp_path: Path, synth: str, category: str, variant: str) -> tuple[Over
     ears = Ears(tmp_path)
     barge_in, vad = SETTINGS.barge_in, SETTINGS.vad
     today = run_overlap(frames, ears, barge_in, vad, SETTINGS.asr_ms)
-    learned = run_overlap(frames, ears, barge_in, vad, SETTINGS.asr_ms, sound=MODELS.sound_holds)
+    learned = run_overlap(frames, ears, barge_in, vad, SETTINGS.asr_ms, sound=MODELS.sound_holds,
+                          other=MODELS.sounds_other)
     return today, learned
 
 
@@ -55,3 +57,23 @@ def test_a_real_interruption_is_still_honoured_soon(tmp_path: Path, synth: str, 
     _, learned = _runs(tmp_path, synth, "interruption", variant)
     assert learned.takeover and learned.decided_ms is not None and learned.onset_ms is not None
     assert learned.decided_ms - learned.onset_ms <= SETTINGS.barge_in.max_overlap_ms
+
+
+@pytest.mark.parametrize(("speaker", "condition", "heard"), [("espeak:en-us+f2:170:65", "room", "Come with him."),
+                                                              ("espeak:en-gb-x-gbcwmd+m7:140:45", "clean",
+                                                               "In my chin.")])
+def test_words_made_up_over_a_hum_at_a_slow_callers_pace_do_not_cut_the_reply(tmp_path: Path, speaker: str,
+                                                                               condition: str, heard: str):
+    """Three words over 620-760 ms of a "mhm": under ``max_voiced_ms_per_word`` each, so they cut
+    the reply; over ``max_voiced_ms_per_word_other`` each, over a sound the learned reading hears as
+    more likely a backchannel, so with that reading they count as none and the reply resumes."""
+    assert MODELS is not None
+    voice = next(s for s in spec.speakers_of("held-out") if s.name == speaker)
+    frames = frames_of(render(tmp_path, spec.Clip("backchannel", "mhm", condition, voice)), SETTINGS.vad)
+    ears = Ears(tmp_path)
+    barge_in, vad = SETTINGS.barge_in, SETTINGS.vad
+    pace_alone = run_overlap(frames, ears, barge_in, vad, SETTINGS.asr_ms, sound=MODELS.sound_holds)
+    with_sound = run_overlap(frames, ears, barge_in, vad, SETTINGS.asr_ms, sound=MODELS.sound_holds,
+                             other=MODELS.sounds_other)
+    assert pace_alone.words == with_sound.words == [heard]
+    assert pace_alone.takeover and not with_sound.takeover

@@ -23,7 +23,7 @@ from duplex.session.playout import AudioClear, Playout
 from duplex.session.port import VoiceRuntime
 from duplex.session.response import Response
 from duplex.session.turn_audio import TurnAudio
-from duplex.session.turn_model import read_overlap, read_sound
+from duplex.session.turn_model import read_other, read_overlap, read_sound
 from duplex.session.turns import TurnDetector
 
 
@@ -68,7 +68,7 @@ class BargeInListener:
                  spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         self._host = host
         # a reply paused at an onset (overlap.py)
-        self._listening: Listening[Response] = Listening(self._hear, self._sound_holds)
+        self._listening: Listening[Response] = Listening(self._hear, self._sound_holds, self._sounds_other)
         self.ears = OverlapEars(runtime, session_id, spawn, self._on_words,
                                 lambda: self._settle_if(self._listening.words_lost()))
 
@@ -159,6 +159,13 @@ class BargeInListener:
         if self._host.config.barge_in.sound != "learned":
             return False
         return read_sound(self._host.audio.frames())
+
+    def _sounds_other(self) -> bool:
+        """``barge_in.sound: learned``: whether the overlap's sound so far is more likely a
+        backchannel or a noise than a caller taking the floor (its words must come faster)."""
+        if self._host.config.barge_in.sound != "learned":
+            return False
+        return read_other(self._host.audio.frames())
 
     def _on_words(self, transcript: Transcript) -> None:
         self._settle_if(self._listening.heard(transcript))

@@ -35,7 +35,8 @@ shorter than ``interrupt_ms`` ("stop", "no") from "yeah", nor "Sorry," followed 
   them, leave the sound's verdict too: the decision never hangs on the ASR;
 - words the sound could not have said, or the recogniser was not sure of, or too few for the
   voice they came with (``overlap_words.credible``: Whisper's sentences made up from a cough, its
-  few words made up over a long hum) are no words.
+  few words made up over a long hum) are no words; over a sound the learned reading hears as
+  more likely a backchannel or a noise (``turn_model.read_other``), words must come faster.
 
 The sound's time alone also cuts doubled backchannels ("mm-hmm, mm-hmm", "yeah yeah") and long
 noises (a keyboard, a laugh, music) at ``interrupt_ms`` or ``max_overlap_ms``, before any word of
@@ -61,7 +62,7 @@ from typing import Generic, TypeVar
 
 from duplex.config.session import BargeInConfig
 from duplex.runtime.contract import Transcript
-from duplex.session.overlap_words import Said, credible, spoken_words, what_words_say
+from duplex.session.overlap_words import Said, counts_the_pace, credible, spoken_words, what_words_say
 from duplex.session.states import LISTEN_TRANSITIONS, ListenPhase, StateMachine
 
 R = TypeVar("R")
@@ -191,14 +192,18 @@ class Listening(Generic[R]):
     a sound soon after continues)."""
 
     def __init__(self, hearing: Callable[[str, int], Said | None] | None = None,
-                 sound: Callable[[], bool] | None = None) -> None:
+                 sound: Callable[[], bool] | None = None, sounds_other: Callable[[], bool] | None = None) -> None:
         """``hearing``: what an overlap's words (and the sound they came with) say, read by the
         learned decision (``turn_model``): given the transcript and the voiced ms; None from it,
         or no ``hearing``: the word lists' reading (``overlap_words``). ``sound``: the reading
         of the sound so far at ``interrupt_ms`` (True: a backchannel or a noise, held for the
-        words; asked only where the words are coming)."""
+        words; asked only where the words are coming). ``sounds_other``: whether the sound so far
+        is more likely a backchannel or a noise than a caller taking the floor (its words must
+        then come faster: ``barge_in.max_voiced_ms_per_word_other``); asked only of words that
+        the ceiling could undo."""
         self._hearing = hearing
         self._sound = sound
+        self._sounds_other = sounds_other
         self._machine = StateMachine("listening", ListenPhase.IDLE, LISTEN_TRANSITIONS)
         self.judge: OverlapJudge | None = None  # set while not idle
         self.reply: R | None = None  # ... and the reply paused
@@ -316,8 +321,18 @@ class Listening(Generic[R]):
         config = self.judge.config
         spoken = spoken_words(words.text)
         heard = credible(spoken, voiced_ms, config.noise_ms, words.avg_logprob, config.min_logprob,
-                         config.max_voiced_ms_per_word)
+                         self._ceiling(spoken, config))
         return what_words_say(spoken if heard else [], config.min_words)
+
+    def _ceiling(self, spoken: list[str], config: BargeInConfig) -> int | None:
+        """The most voiced ms a word may have come with (``credible``): lower over a sound that is
+        more likely a backchannel or a noise (the sound is read only where the ceiling counts)."""
+        ceiling, other = config.max_voiced_ms_per_word, config.max_voiced_ms_per_word_other
+        if other is None or self._sounds_other is None or not counts_the_pace(spoken):
+            return ceiling
+        if not self._sounds_other():
+            return ceiling
+        return other if ceiling is None else min(ceiling, other)
 
     def _by_words(self, verdict: OverlapVerdict, words: Transcript) -> OverlapVerdict:
         """The sound said resume; the final words say what it was (none: the sound's verdict)."""

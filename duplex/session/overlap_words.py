@@ -17,7 +17,9 @@ of voiced audio per word, and, where the recogniser says how sure it was, a mean
 per token of at least ``barge_in.min_logprob`` (made-up words come with far less confidence), and
 not too few for the voice: over a long hum Whisper writes a few made-up words ("Em em them.",
 "Image in.", "Bubble, bubble."), so two or more words, none of them a floor word, that came with
-more than ``barge_in.max_voiced_ms_per_word`` of voiced audio each are no words either.
+more than ``barge_in.max_voiced_ms_per_word`` of voiced audio each are no words either (or more
+than ``max_voiced_ms_per_word_other`` where the sound is more likely a backchannel or a noise:
+Whisper's "And make him." over a "mhm" comes as fast as a slow caller's words).
 
 The ears: ``OverlapEars`` sends the overlap's audio to the pipeline as an ``OverlapProbe``
 request (one per paused reply; the runtime routes it to the ASR stage and back, no further), and
@@ -59,10 +61,14 @@ def credible(words: list[str], voiced_ms: int, noise_ms: int, avg_logprob: float
 
 
 def _too_few_for_the_voice(words: list[str], voiced_ms: int, max_ms_per_word: int | None) -> bool:
-    """A hum's made-up words: a lone word says too little anyway (``Said.TOO_FEW``), and a floor
-    word is a caller's even when drawn out ("wait, wait")."""
-    return (max_ms_per_word is not None and len(words) >= 2 and voiced_ms > max_ms_per_word * len(words)
-            and not any(word in FLOOR_WORDS for word in words))
+    """A hum's made-up words (see ``counts_the_pace``)."""
+    return max_ms_per_word is not None and counts_the_pace(words) and voiced_ms > max_ms_per_word * len(words)
+
+
+def counts_the_pace(words: list[str]) -> bool:
+    """Whether the pace of ``words`` can make them no words: a lone word says too little anyway
+    (``Said.TOO_FEW``), and a floor word is a caller's even when drawn out ("wait, wait")."""
+    return len(words) >= 2 and not any(word in FLOOR_WORDS for word in words)
 
 
 class Said(enum.Enum):

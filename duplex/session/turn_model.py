@@ -28,6 +28,7 @@ from duplex.session.words import BACKCHANNELS, FLOOR_WORDS, HANGING_WORDS, NEVER
 
 OVERLAP_CLASSES = ("backchannel", "interruption", "noise")
 PAUSE_CLASSES = ("open", "complete")
+OTHER_AT = 0.5  # P(other) of the sound reading from which a backchannel or a noise is the likelier
 MODEL_PATH = Path(__file__).with_name("turn_model.json")
 # what each class of overlap says to the listening barge-in (``overlap.Listening``)
 SAID = {"backchannel": Said.BACKCHANNEL, "interruption": Said.FLOOR, "noise": Said.NOTHING}
@@ -197,6 +198,11 @@ class TurnModels:
         """Whether the sound is held for its words instead of interrupting at ``interrupt_ms``."""
         return self.sound is not None and self.sound_other(trace) >= self.hold_at
 
+    def sounds_other(self, trace: SoundTrace) -> bool:
+        """Whether the sound is more likely a backchannel or a noise than a caller taking the floor
+        (its words must then come faster to count: ``barge_in.max_voiced_ms_per_word_other``)."""
+        return self.sound is not None and self.sound_other(trace) >= OTHER_AT
+
 
 @lru_cache(maxsize=1)
 def shipped_models() -> TurnModels | None:
@@ -209,6 +215,13 @@ def read_pause(probability: float, text: str) -> bool | None:
     """The shipped model's reading of a pause (complete or not); None without the model."""
     models = shipped_models()
     return None if models is None else models.pause_complete(probability, text) >= models.complete_at
+
+
+def read_other(frames: list[tuple[np.ndarray, bool]]) -> bool:
+    """The shipped model's reading of an overlap's sound so far (frames from its onset's prefix
+    on): True when a backchannel or a noise is the likelier; False without the model."""
+    models = shipped_models()
+    return models is not None and models.sounds_other(SoundTrace.of(frames))
 
 
 def read_overlap(frames: list[tuple[np.ndarray, bool]], text: str, voiced_ms: int) -> Said | None:

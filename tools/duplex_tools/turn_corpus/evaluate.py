@@ -2,8 +2,8 @@
 (the listening barge-in with its word lists; end of turn by silence and by the semantic rule) and,
 given a trained ``TurnModels``, the learned decisions, on the same frames and the same words: the
 learned reading of the words and sound (``learned``), and today's rules with the learned reading of
-the sound alone at ``interrupt_ms`` (``listen + sound``: a sound it hears as a backchannel or a noise
-is held for its words).
+the sound alone (``listen + sound``, the default: a sound it hears as a backchannel or a noise
+is held for its words, and words over it must come faster).
 
 Per clip, an ``Outcome`` per way: ``takeover`` is the agent taking the floor (for a pause: the
 turn ended before the caller went on; for an overlap: the reply cut; for an interruption that is
@@ -93,7 +93,8 @@ def _overlap(clip: spec.Clip, frames: Frames, ears: Ears, settings: Settings, mo
     examples.first_sound += examples.sound[len(examples.sound) - len(throughout.checked):][:1]
     out = [Outcome(clip, way, today.takeover, _span(today.onset_ms, today.decided_ms)) for way in (TODAY, SILENCE)]
     if models is not None and models.sound is not None:
-        held = run_overlap(frames, ears, settings.barge_in, settings.vad, settings.asr_ms, sound=models.sound_holds)
+        held = run_overlap(frames, ears, settings.barge_in, settings.vad, settings.asr_ms, sound=models.sound_holds,
+                           other=models.sounds_other)
         out.append(Outcome(clip, SOUND, held.takeover, _span(held.onset_ms, held.decided_ms), held.held))
     if models is not None:
         def hearing(trace: SoundTrace, text: str, voiced_ms: int) -> Said:

@@ -12,8 +12,9 @@ detector, and
 
 ``hearing`` (optional) replaces the words' reading (``Listening.says``), ``sound`` the reading of
 the sound at ``interrupt_ms`` (``barge_in.sound: learned``; without it nothing is held, and the
-sounds it was asked on are kept: the sound reading's training data) and ``pause_model`` the
-semantic rule's verdict: the learned decisions are run the same way. Partial transcripts are not
+sounds it was asked on are kept: the sound reading's training data), ``other`` whether the sound
+so far is more likely a backchannel or a noise (its words must come faster), and ``pause_model``
+the semantic rule's verdict: the learned decisions are run the same way. Partial transcripts are not
 simulated: only the final words of each probe."""
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class OverlapRun:
 
 
 def run_overlap(frames: Frames, ears: WordsOf, barge_in: BargeInConfig, vad: VadConfig, asr_ms: int = 200,
-                hearing: Hearing | None = None, sound: SoundHolds | None = None) -> OverlapRun:
+                hearing: Hearing | None = None, sound: SoundHolds | None = None,
+                other: SoundHolds | None = None) -> OverlapRun:
     run = OverlapRun()
     detector = TurnDetector(vad)
     prefix_frames = vad.prefix_padding_ms // FRAME_MS
@@ -100,7 +102,10 @@ def run_overlap(frames: Frames, ears: WordsOf, barge_in: BargeInConfig, vad: Vad
         run.held = run.held or held
         return held
 
-    listening: Listening[object] = Listening(says, holds)
+    def sounds_other() -> bool:
+        return other is not None and other(trace())
+
+    listening: Listening[object] = Listening(says, holds, sounds_other if other is not None else None)
     reply = object()
     probe_from: int | None = None  # sample the open probe's audio begins at
     pending: tuple[int, Heard] | None = None  # words on their way: (arrival ms, the words)
