@@ -80,6 +80,9 @@ def test_over_a_sound_like_a_backchannel_words_must_come_faster_and_the_sound_is
     asked.clear()
     assert verdict_on("Him.", between_frames, other=True)[0] is None
     assert asked == []
+    # one transcript, weighed more than once, reads the sound once
+    verdict_on("And make him.", between_frames, other=True)
+    assert asked == [True]
 
 
 async def test_a_session_reads_the_overlaps_sound_for_the_pace_of_its_words_only_when_learned(monkeypatch):

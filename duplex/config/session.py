@@ -102,10 +102,10 @@ class BargeInConfig(_Strict):
     # overlap so far as more likely a backchannel or a noise than a caller taking the floor: words
     # over such a sound count only when they come at a brisk caller's pace (Whisper's "And make
     # him." over a "mhm" comes as fast as a slow caller's words: the sound tells them apart; a
-    # floor word or a lone word is read as without it). None: the sound does not change the
-    # ceiling; the lower of the two applies. On the synthetic
-    # corpus's held-out voices it cut a backchannel 0.14 of the time against 0.16, and honoured
-    # interruptions 0.964 against 0.966 (docs/benchmarks/turn-corpus.md)
+    # floor word or a lone word is read as without it); the lower of the two ceilings applies.
+    # None: the sound does not change the ceiling. On the synthetic corpus's held-out voices it
+    # cut a backchannel 0.14 of the time against 0.16, and honoured interruptions 0.964 against
+    # 0.966 (docs/benchmarks/turn-corpus.md)
     max_voiced_ms_per_word_other: int | None = Field(200, ge=100, le=5000)
     # who reads the overlap's words: ``learned``, the model trained on many synthetic voices, rooms
     # and lines (duplex/session/turn_model.json: the words with the sound's voicing, periodicity and

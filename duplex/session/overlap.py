@@ -204,6 +204,7 @@ class Listening(Generic[R]):
         self._hearing = hearing
         self._sound = sound
         self._sounds_other = sounds_other
+        self._other_read: tuple[OverlapJudge, int, bool] | None = None  # (judge, its span, the reading)
         self._machine = StateMachine("listening", ListenPhase.IDLE, LISTEN_TRANSITIONS)
         self.judge: OverlapJudge | None = None  # set while not idle
         self.reply: R | None = None  # ... and the reply paused
@@ -309,7 +310,7 @@ class Listening(Generic[R]):
     def drop(self) -> None:
         if self.active:
             self._machine.move(ListenPhase.IDLE)
-        self.judge = self.reply = self._held = None
+        self.judge = self.reply = self._held = self._other_read = None
 
     def _says(self, words: Transcript, voiced_ms: int) -> Said:
         """What ``words`` say, when a sound with ``voiced_ms`` of voice could have said them and
@@ -328,11 +329,18 @@ class Listening(Generic[R]):
         """The most voiced ms a word may have come with (``credible``): lower over a sound that is
         more likely a backchannel or a noise (the sound is read only where the ceiling counts)."""
         ceiling, other = config.max_voiced_ms_per_word, config.max_voiced_ms_per_word_other
-        if other is None or self._sounds_other is None or not counts_the_pace(spoken):
-            return ceiling
-        if not self._sounds_other():
+        if other is None or self._sounds_other is None or not counts_the_pace(spoken) or not self._sound_is_other():
             return ceiling
         return other if ceiling is None else min(ceiling, other)
+
+    def _sound_is_other(self) -> bool:
+        """``sounds_other``, read once per sound so far: one transcript's words are weighed more
+        than once, and a reading costs milliseconds of the event loop (6-22 ms for 1-3 s of it)."""
+        assert self.judge is not None and self._sounds_other is not None
+        judge, span_ms = self.judge, self.judge.span_ms
+        if self._other_read is None or self._other_read[0] is not judge or self._other_read[1] != span_ms:
+            self._other_read = (judge, span_ms, self._sounds_other())
+        return self._other_read[2]
 
     def _by_words(self, verdict: OverlapVerdict, words: Transcript) -> OverlapVerdict:
         """The sound said resume; the final words say what it was (none: the sound's verdict)."""
@@ -347,7 +355,7 @@ class Listening(Generic[R]):
         reply = self.reply
         assert reply is not None
         self._machine.move(ListenPhase.IDLE)
-        self.judge = self.reply = self._held = None
+        self.judge = self.reply = self._held = self._other_read = None
         if not verdict.interrupts:
             self._last = verdict, reply
         return verdict, reply
