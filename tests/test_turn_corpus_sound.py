@@ -59,14 +59,14 @@ def test_a_real_interruption_is_still_honoured_soon(tmp_path: Path, synth: str, 
     assert learned.decided_ms - learned.onset_ms <= SETTINGS.barge_in.max_overlap_ms
 
 
-@pytest.mark.parametrize(("speaker", "condition", "heard"), [("espeak:en-us+f2:170:65", "room", "Come with him."),
-                                                              ("espeak:en-gb-x-gbcwmd+m7:140:45", "clean",
-                                                               "In my chin.")])
+@pytest.mark.parametrize(("speaker", "condition"), [("espeak:en-us+f2:170:65", "room"),
+                                                     ("espeak:en-gb-x-gbcwmd+m7:140:45", "clean")])
 def test_words_made_up_over_a_hum_at_a_slow_callers_pace_do_not_cut_the_reply(tmp_path: Path, speaker: str,
-                                                                               condition: str, heard: str):
-    """Three words over 620-760 ms of a "mhm": under ``max_voiced_ms_per_word`` each, so they cut
-    the reply; over ``max_voiced_ms_per_word_other`` each, over a sound the learned reading hears as
-    more likely a backchannel, so with that reading they count as none and the reply resumes."""
+                                                                               condition: str):
+    """Whisper-base makes three words up over 700-740 ms of these "mhm"s ("Come with him.", "In my
+    chin."): under ``max_voiced_ms_per_word`` each, so they cut the reply; over
+    ``max_voiced_ms_per_word_other`` each, over a sound the learned reading hears as more likely a
+    backchannel, so with that reading they count as none and the reply resumes."""
     assert MODELS is not None
     voice = next(s for s in spec.speakers_of("held-out") if s.name == speaker)
     frames = frames_of(render(tmp_path, spec.Clip("backchannel", "mhm", condition, voice)), SETTINGS.vad)
@@ -75,5 +75,5 @@ def test_words_made_up_over_a_hum_at_a_slow_callers_pace_do_not_cut_the_reply(tm
     pace_alone = run_overlap(frames, ears, barge_in, vad, SETTINGS.asr_ms, sound=MODELS.sound_holds)
     with_sound = run_overlap(frames, ears, barge_in, vad, SETTINGS.asr_ms, sound=MODELS.sound_holds,
                              other=MODELS.sounds_other)
-    assert pace_alone.words == with_sound.words == [heard]
+    assert pace_alone.words == with_sound.words and len(pace_alone.words) == 1  # the same words, heard once
     assert pace_alone.takeover and not with_sound.takeover
