@@ -189,9 +189,9 @@ async def test_a_session_asks_the_sound_reading_with_the_overlaps_frames_only_wh
 
     asked: list[int] = []
 
-    def stub(frames: list[tuple[np.ndarray, bool]]) -> bool:
-        assert all(frame.dtype == np.int16 and len(frame) == 320 for frame, _ in frames)
-        asked.append(sum(voiced for _, voiced in frames) * FRAME_MS)
+    def stub(trace: SoundTrace) -> bool:
+        assert len(trace.levels) == len(trace.voiced) == len(trace.shapes)
+        asked.append(sum(trace.voiced) * FRAME_MS)
         return True
 
     monkeypatch.setattr(listen, "read_sound", stub)
@@ -211,3 +211,34 @@ async def test_a_session_asks_the_sound_reading_with_the_overlaps_frames_only_wh
         await call.settle()
         (judged,) = call.of_type(ev.OverlapJudged)
         assert judged.kind == "backchannel" and call.of_type(ev.ResponseResumed) and not first.aborted
+
+
+def test_a_growing_sound_is_traced_as_a_whole_reading_would_each_frame_read_once(monkeypatch):
+    """A session reads an overlap's sound again as it grows (``TraceBuilder``): the trace is the
+    one a reading of all its frames gives, bit for bit, though each frame is read once; frames
+    that part from those read (the next overlap) are read from where they part."""
+    from duplex.session import overlap_sound
+
+    rng = np.random.default_rng(7)
+    t = np.arange(16_000 * 2) / 16_000
+    vowel = 6000 * np.sin(2 * np.pi * (140 + 30 * t) * t) + rng.normal(0, 300, len(t))
+    frames = _frames(vowel, np.arange(len(t) // 320) % 7 != 0)
+    reads: list[np.ndarray] = []
+    read_frame = overlap_sound._read_frame
+
+    def counted(previous: np.ndarray, frame: np.ndarray):
+        reads.append(frame)
+        return read_frame(previous, frame)
+
+    def same(a: SoundTrace, b: SoundTrace) -> bool:
+        return a.voiced == b.voiced and all(np.array_equal(getattr(a, name), getattr(b, name))
+                                            for name in ("levels", "periodic", "pitch", "flat", "centroid", "shapes"))
+
+    whole = [SoundTrace.of(frames[:n]) for n in (30, 60, len(frames))]
+    monkeypatch.setattr(overlap_sound, "_read_frame", counted)
+    builder = overlap_sound.TraceBuilder()
+    assert [same(builder.trace(frames[:n]), trace) for n, trace in zip((30, 60, len(frames)), whole)] == [True] * 3
+    assert len(reads) == len(frames)
+    later = [(frame.copy(), voiced) for frame, voiced in frames[40:70]]  # the next overlap: other frames
+    reads.clear()
+    assert same(builder.trace(later), SoundTrace.of(later)) and len(reads) == 2 * len(later)  # its own reading too

@@ -86,11 +86,12 @@ def test_over_a_sound_like_a_backchannel_words_must_come_faster_and_the_sound_is
 
 
 async def test_a_session_reads_the_overlaps_sound_for_the_pace_of_its_words_only_when_learned(monkeypatch):
-    """The session asks the learned reading (``read_other``) with the overlap's frames; three
+    """The session asks the learned reading (``read_other``) with the overlap's sound; three
     words between the two ceilings then resume the reply over a sound it hears as a backchannel
     and interrupt over one it hears as a caller's; with ``sound: voiced`` it is never asked."""
     from duplex.config.session import SessionConfig
     from duplex.session import listen
+    from duplex.session.overlap_sound import SoundTrace
     from duplex.session.realtime import events as ev
     from tests.session_fakes import Call, words
     from tests.test_session_call import answering
@@ -99,11 +100,11 @@ async def test_a_session_reads_the_overlaps_sound_for_the_pace_of_its_words_only
     asked: list[int] = []
     hears_other = True
 
-    def other(frames: list) -> bool:
-        asked.append(len(frames))
+    def other(trace: SoundTrace) -> bool:
+        asked.append(len(trace.voiced))
         return hears_other
 
-    monkeypatch.setattr(listen, "read_sound", lambda frames: True)  # held for its words at interrupt_ms
+    monkeypatch.setattr(listen, "read_sound", lambda trace: True)  # held for its words at interrupt_ms
     monkeypatch.setattr(listen, "read_other", other)
     for sound, hears_other in (("learned", True), ("learned", False), ("voiced", True)):
         asked.clear()

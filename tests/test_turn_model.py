@@ -102,9 +102,9 @@ async def test_a_session_with_the_learned_judge_reads_the_overlaps_words_with_it
 
     read: list[tuple[int, str, int]] = []
 
-    def stub(frames: list[tuple[np.ndarray, bool]], text: str, voiced_ms: int) -> Said:
-        assert all(frame.dtype == np.int16 and len(frame) == 320 for frame, _ in frames)
-        read.append((len(frames), text, voiced_ms))
+    def stub(trace: SoundTrace, text: str, voiced_ms: int) -> Said:
+        assert len(trace.levels) == len(trace.voiced) == len(trace.shapes)
+        read.append((len(trace.voiced), text, voiced_ms))
         return Said.BACKCHANNEL
 
     monkeypatch.setattr(listen, "read_overlap", stub)

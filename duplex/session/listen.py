@@ -18,6 +18,7 @@ from duplex.config.session import SessionConfig
 from duplex.runtime.contract import CallerAudio, Transcript
 from duplex.session.counters import SessionCounters
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict, at_onset
+from duplex.session.overlap_sound import SoundTrace, TraceBuilder
 from duplex.session.overlap_words import OverlapEars, Said
 from duplex.session.playout import AudioClear, Playout
 from duplex.session.port import VoiceRuntime
@@ -69,6 +70,7 @@ class BargeInListener:
         self._host = host
         # a reply paused at an onset (overlap.py)
         self._listening: Listening[Response] = Listening(self._hear, self._sound_holds, self._sounds_other)
+        self._traces = TraceBuilder()  # the sound of the overlap being judged, for the learned readings
         self.ears = OverlapEars(runtime, session_id, spawn, self._on_words,
                                 lambda: self._settle_if(self._listening.words_lost()))
 
@@ -150,7 +152,7 @@ class BargeInListener:
         model (``turn_model``) from the overlap's frames so far; None: the word lists read them."""
         if self._host.config.barge_in.judge != "learned":
             return None
-        return read_overlap(self._host.audio.frames(), text, voiced_ms)
+        return read_overlap(self._trace(), text, voiced_ms)
 
     def _sound_holds(self) -> bool:
         """``barge_in.sound: learned``: whether the overlap's sound so far (its frames from the
@@ -158,14 +160,18 @@ class BargeInListener:
         held for its words; False: the voiced time interrupts."""
         if self._host.config.barge_in.sound != "learned":
             return False
-        return read_sound(self._host.audio.frames())
+        return read_sound(self._trace())
 
     def _sounds_other(self) -> bool:
         """``barge_in.sound: learned``: whether the overlap's sound so far is more likely a
         backchannel or a noise than a caller taking the floor (its words must come faster)."""
         if self._host.config.barge_in.sound != "learned":
             return False
-        return read_other(self._host.audio.frames())
+        return read_other(self._trace())
+
+    def _trace(self) -> SoundTrace:
+        """The overlap's sound so far, its frames from the onset's prefix on (each read once)."""
+        return self._traces.trace(self._host.audio.frames())
 
     def _on_words(self, transcript: Transcript) -> None:
         self._settle_if(self._listening.heard(transcript))
@@ -177,6 +183,7 @@ class BargeInListener:
     def _settle(self, verdict: OverlapVerdict, response: Response) -> None:
         host = self._host
         self.ears.stop()
+        self._traces.clear()
         host.tell.overlap_judged(response, verdict)
         if verdict.interrupts:
             host.interrupted_by(verdict, response)

@@ -217,23 +217,23 @@ def read_pause(probability: float, text: str) -> bool | None:
     return None if models is None else models.pause_complete(probability, text) >= models.complete_at
 
 
-def read_other(frames: list[tuple[np.ndarray, bool]]) -> bool:
-    """The shipped model's reading of an overlap's sound so far (frames from its onset's prefix
-    on): True when a backchannel or a noise is the likelier; False without the model."""
+def read_other(trace: SoundTrace) -> bool:
+    """The shipped model's reading of an overlap's sound so far (from its onset's prefix on): True
+    when a backchannel or a noise is the likelier; False without the model."""
     models = shipped_models()
-    return models is not None and models.sounds_other(SoundTrace.of(frames))
+    return models is not None and models.sounds_other(trace)
 
 
-def read_overlap(frames: list[tuple[np.ndarray, bool]], text: str, voiced_ms: int) -> Said | None:
-    """What the shipped model hears an overlap say, from its frames (from its onset's prefix on)
+def read_overlap(trace: SoundTrace, text: str, voiced_ms: int) -> Said | None:
+    """What the shipped model hears an overlap say, from its sound (from its onset's prefix on)
     and words; None without the model."""
     models = shipped_models()
-    return None if models is None else SAID[models.overlap_kind(SoundTrace.of(frames), voiced_ms, text)]
+    return None if models is None else SAID[models.overlap_kind(trace, voiced_ms, text)]
 
 
-def read_sound(frames: list[tuple[np.ndarray, bool]]) -> bool:
-    """The shipped model's reading of an overlap's sound alone, from its frames (from its onset's
-    prefix on): True when it hears a backchannel or a noise (hold it for the words); False
-    without the model (the voiced time decides)."""
+def read_sound(trace: SoundTrace) -> bool:
+    """The shipped model's reading of an overlap's sound alone (from its onset's prefix on): True
+    when it hears a backchannel or a noise (hold it for the words); False without the model (the
+    voiced time decides)."""
     models = shipped_models()
-    return models is not None and models.sound_holds(SoundTrace.of(frames))
+    return models is not None and models.sound_holds(trace)
