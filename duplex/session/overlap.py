@@ -334,8 +334,8 @@ class Listening(Generic[R]):
         return other if ceiling is None else min(ceiling, other)
 
     def _sound_is_other(self) -> bool:
-        """``sounds_other``, read once per sound so far: one transcript's words are weighed more
-        than once, and a reading costs milliseconds of the event loop (6-22 ms for 1-3 s of it)."""
+        """``sounds_other``, read once per sound so far: one transcript's words are weighed up to
+        three times, and each reading costs the event loop a millisecond or so."""
         assert self.judge is not None and self._sounds_other is not None
         judge, span_ms = self.judge, self.judge.span_ms
         if self._other_read is None or self._other_read[0] is not judge or self._other_read[1] != span_ms:
