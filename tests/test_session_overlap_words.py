@@ -390,4 +390,3 @@ async def test_speech_again_after_backchannel_words_is_heard_anew():
     second.transcript("Okay. Wait, wait.", final=False)
     await call.settle()
     assert reply.aborted and call.of_type(ev.OverlapJudged)[0].transcript == "Okay. Wait, wait."
-

@@ -30,6 +30,7 @@ from duplex.models.local.asr import Heard
 from duplex.runtime.contract import Transcript
 from duplex.session.endpoint import EndOfTurnJudge, TurnJudgement
 from duplex.session.overlap import Listening, OverlapJudge, OverlapVerdict
+from duplex.session.overlap_sound import TraceBuilder
 from duplex.session.overlap_words import Said
 from duplex.session.turn_model import SoundTrace
 from duplex.session.turns import SpeechPaused, SpeechStarted, SpeechStopped, TurnDetector
@@ -87,13 +88,16 @@ def run_overlap(frames: Frames, ears: WordsOf, barge_in: BargeInConfig, vad: Vad
     prefix_frames = vad.prefix_padding_ms // FRAME_MS
     audio = frames.audio
     at = {"from": 0, "now": 0}  # frames of the overlap's audio (as the session's TurnAudio holds it)
+    pieces = [(audio[j * FRAME:(j + 1) * FRAME], voiced) for j, voiced in enumerate(frames.voiced)]
+    traces = TraceBuilder()  # as the session's listener: each frame of an overlap read once
 
     def trace() -> SoundTrace:
-        span = range(at["from"], at["now"])
-        return SoundTrace.of([(audio[j * FRAME:(j + 1) * FRAME], frames.voiced[j]) for j in span])
+        return traces.trace(pieces[at["from"]:at["now"]])
 
     def says(text: str, voiced_ms: int) -> Said | None:
-        sound = run.examples.setdefault((voiced_ms, text), trace())
+        if (voiced_ms, text) not in run.examples:
+            run.examples[voiced_ms, text] = trace()
+        sound = run.examples[voiced_ms, text]
         return None if hearing is None else hearing(sound, text, voiced_ms)
 
     def holds() -> bool:
