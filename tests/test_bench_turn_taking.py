@@ -1,9 +1,13 @@
 """`duplex bench turn-taking`'s modes: the silence modes ask for ``server_vad`` by name (the bundled
 voice pipelines' sessions start semantic), ``default`` asks for nothing and is named after what
-the pipeline's sessions start with, and each mode's server-side parts add up over its blocks."""
+the pipeline's sessions start with, and each mode's server-side parts add up over its blocks; a
+background heard before each clip is asked only of the corpus in process."""
 
 from __future__ import annotations
 
+import pytest
+
+from duplex.cli import main
 from duplex_tools.bench.server_parts import add_parts, mean_parts_ms
 from duplex_tools.bench.turn_taking import _default_name, modes, scenarios
 
@@ -30,3 +34,13 @@ def test_a_modes_parts_add_up_over_its_blocks():
     assert summed is not None
     assert mean_parts_ms({}, summed) == {"asr_tail": round(1000 * 0.8 / 3, 1), "playout": 10.0}
     assert add_parts(summed, None, {"asr_tail": (3.0, 8.0)}) is None  # a server without metrics
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--corpus", "held-out", "--door", "webrtc", "--background-s", "8"], "in process only"),
+    (["--corpus", "dev", "--background-s", "-1"], "seconds >= 0"),
+    (["--background-s", "8"], "--corpus"),
+])
+def test_a_background_before_the_clip_is_asked_only_of_a_corpus_in_process(args, says):
+    with pytest.raises(SystemExit, match=says):
+        main(["bench", "turn-taking", *args])

@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from duplex.config.session import VadConfig
 from duplex.session.overlap_sound import SOUND_FEATURES
 from duplex.session.turn_model import OVERLAP_FEATURES, PAUSE_FEATURES, MLPModel, TurnModels
 from duplex_tools.turn_corpus import spec
 from duplex_tools.turn_corpus.evaluate import Examples, JudgedPause
 from duplex_tools.turn_corpus.folds import EVERY, RULES, WITHOUT, print_folds, sentence_folds
 from duplex_tools.turn_corpus.render import render
+from duplex_tools.turn_corpus.simulate import BACKGROUND_CLEAR, FRAME, frames_of
 from duplex_tools.turn_corpus.train import HOLD_BUDGET, fit_mlp, train, write
 
 ESPEAK = next(s for s in spec.speakers_of("espeak") if s.shift_cents)  # sox shifts its pitch too
@@ -51,6 +53,17 @@ def test_a_clip_is_made_the_same_on_every_run(tmp_path: Path, condition: str):
         assert np.sqrt(np.mean(pause.astype(np.float64) ** 2)) < 32768 * 1e-3
     noise = spec.Clip("noise", "knock", condition, ESPEAK)
     assert np.array_equal(render(tmp_path / "a", noise).audio, render(tmp_path / "b", noise).audio)
+
+
+def test_a_clip_can_be_heard_in_a_noise_that_was_there_all_along(tmp_path: Path):
+    """``--background-s``: the VAD first hears the clip's own background (its lead, looped), as in a
+    call where the noise was there all along; its noise floor has risen to the noise, so the
+    background alone is no longer voice, where at the noise's start it is."""
+    rendered = render(tmp_path, spec.Clip("pause", "after and", "snr10", ESPEAK))
+    lead = (rendered.start - BACKGROUND_CLEAR) // FRAME
+    at_its_start = frames_of(rendered, VadConfig()).voiced[:lead]
+    all_along = frames_of(rendered, VadConfig(), background_s=8.0).voiced[:lead]
+    assert any(at_its_start) and not any(all_along), (at_its_start, all_along)
 
 
 def _examples(seed: int) -> Examples:

@@ -222,6 +222,10 @@ async def _measure(url: str, rounds: int, voice: str, chosen_modes: dict[str, Se
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.background_s < 0 or (args.background_s and args.corpus is None):
+        raise SystemExit("--background-s takes seconds >= 0 and judges a --corpus part in process")
+    if args.door is not None and args.background_s:
+        raise SystemExit("--background-s is in process only: a door plays each clip as it was rendered")
     if args.door is not None:
         return run_door(args)
     if args.corpus is not None or args.train:

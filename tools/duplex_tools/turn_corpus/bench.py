@@ -32,12 +32,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--full", action="store_true",
                        help="every speaker under every condition (default: clean and two others per speaker "
                             "and variant, in rotation: every cell, half the compute)")
+    group.add_argument("--background-s", type=float, default=0.0, metavar="S",
+                       help="the session heard each clip's background noise for S seconds before the clip, as in "
+                            "a call where the noise was there all along (default 0: it starts with the clip)")
     group.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                        help=f"generated audio and the models' answers (default {DEFAULT_CACHE})")
 
 
 def run_corpus(args: argparse.Namespace) -> int:
-    from duplex_tools.turn_corpus.evaluate import evaluate
+    from duplex_tools.turn_corpus.evaluate import Settings, evaluate
     from duplex_tools.turn_corpus.report import heat_map, print_report
     from duplex_tools.turn_corpus.train import train, write
 
@@ -53,9 +56,10 @@ def run_corpus(args: argparse.Namespace) -> int:
     if args.folds:
         return _run_folds(args, command)
     models = TurnModels.load(args.model) if Path(args.model).is_file() else None
-    outcomes, _ = evaluate(args.cache, args.corpus, models, args.full)
+    settings = Settings(background_s=args.background_s)
+    outcomes, _ = evaluate(args.cache, args.corpus, models, args.full, settings)
     report = print_report(outcomes, args.corpus)
-    report["command"], report["part"] = command, args.corpus
+    report["command"], report["part"], report["background_s"] = command, args.corpus, args.background_s
     write_json(args.json_path, report)
     if args.plot:
         heat_map(outcomes, Path(args.plot), command)

@@ -72,6 +72,7 @@ class Settings:
     barge_in: BargeInConfig = field(default_factory=BargeInConfig)
     semantic: SemanticTurnConfig = field(default_factory=lambda: SemanticTurnConfig(unclosed_at=0.9))  # local's
     asr_ms: int = 200  # the overlap's final words arrive this long after its probe closes
+    background_s: float = 0.0  # the VAD heard the clip's background this long before it (``frames_of``)
 
 
 def resumes_at(frames: Frames, pause_at: int) -> int:
@@ -150,7 +151,7 @@ def evaluate(cache: Path, split: str, models: TurnModels | None = None, full: bo
     try:
         for n, clip in enumerate(clips):
             rendered = render(cache, clip)
-            frames = frames_of(rendered, settings.vad)
+            frames = frames_of(rendered, settings.vad, settings.background_s)
             if clip.category in OVERLAPS:
                 outcomes += _overlap(clip, frames, ears, settings, models, examples)
             else:

@@ -40,6 +40,7 @@ from duplex_tools.turn_corpus.render import Rendered
 
 FRAME = 320  # 20 ms at 16 kHz
 FRAME_MS = 20
+BACKGROUND_CLEAR = 1600  # samples of the lead left out before the sound (its onset's prefix)
 Hearing = Callable[[SoundTrace, str, int], Said]  # (the sound, its words, voiced ms) -> what they say
 SoundHolds = Callable[[SoundTrace], bool]  # the sound at interrupt_ms (and on) -> held for its words
 
@@ -61,11 +62,23 @@ class Frames:
     voiced: list[bool]
 
 
-def frames_of(rendered: Rendered, vad: VadConfig) -> Frames:
+def frames_of(rendered: Rendered, vad: VadConfig, background_s: float = 0.0) -> Frames:
+    """The clip's frames as the session's VAD hears them. ``background_s``: it heard the clip's
+    background (its lead before the sound, looped) this long first, as in a call where the noise was
+    there all along; 0: the noise starts with the clip, the VAD's noise floor not yet risen to it."""
     classifier = FrameClassifier(vad)
+    _hear_background(classifier, rendered, background_s)
     n = len(rendered.audio) // FRAME
     voiced = [classifier.is_voiced(rendered.audio[i * FRAME:(i + 1) * FRAME]) for i in range(n)]
     return Frames(rendered.audio, voiced)
+
+
+def _hear_background(classifier: FrameClassifier, rendered: Rendered, seconds: float) -> None:
+    lead = rendered.audio[:max(FRAME, rendered.start - BACKGROUND_CLEAR)]  # the background alone
+    pieces = max(1, len(lead) // FRAME)
+    for k in range(round(seconds * 1000) // FRAME_MS):
+        j = k % pieces
+        classifier.is_voiced(lead[j * FRAME:(j + 1) * FRAME])
 
 
 @dataclass
