@@ -113,6 +113,34 @@ def test_the_voiced_audio_that_starts_a_turn_is_given_with_each_frame():
     assert not hasattr(default, "min_speech_ms")
 
 
+def test_a_lone_voiced_frame_in_a_pause_neither_ends_it_nor_lengthens_it():
+    """A steady noise's peak that clears the gate (one frame, or three) is no caller: the pause goes
+    on and the turn ends at its silence, one frame later per such frame; with the resume bar at one
+    frame it would break the pause each time, and the turn would never end."""
+    speech, gap, lone = "1" * 10, "0" * 14, "1"
+    marks = speech + (gap + lone) * 7 + "0" * 30  # a voiced frame every 300 ms of a 2 s silence
+    cues = push(TurnDetector(VadConfig(), silence_ms=2000), marks)
+    assert [type(c) for c, _ in cues] == [SpeechStarted, SpeechStopped]
+    detector = TurnDetector(VadConfig(), silence_ms=2000)
+    stopped_at = next(i for i, mark in enumerate(marks) if isinstance(detector.push(i * FRAME_MS, mark == "1"),
+                                                                       SpeechStopped))
+    assert stopped_at == len(speech) + 2000 // FRAME_MS + 7 - 1  # the silence's 100 frames and the 7 lone ones
+    assert cues[1][0].end_ms == len(speech) * FRAME_MS  # the turn's end is the speech's
+    three = speech + ("0" * 10 + "111") * 8 + "0" * 120
+    assert [type(c) for c, _ in push(TurnDetector(VadConfig(), silence_ms=2000), three)] == [SpeechStarted,
+                                                                                               SpeechStopped]
+    every_frame = push(TurnDetector(VadConfig(resume_speech_ms=20), silence_ms=2000), marks)
+    assert [type(c) for c, _ in every_frame] == [SpeechStarted]
+
+
+def test_a_word_after_a_pause_resumes_from_its_first_frame_and_does_not_lengthen_the_pause():
+    detector = TurnDetector(VadConfig(), pause_ms=100, silence_ms=2000)
+    cues = push(detector, "1" * 10 + "000" + "1" * 8 + "0" * 5 + "1" * 8)
+    # 60 ms between words: no pause; the word's first frames, before it is voice enough, count for neither
+    assert [type(c) for c, _ in cues] == [SpeechStarted, SpeechPaused, SpeechResumed]
+    assert cues[2][0].at_ms == (10 + 3 + 8 + 5) * FRAME_MS  # the first voiced frame after the pause
+
+
 def test_reset_and_carry_on_move_from_any_phase():
     detector = TurnDetector(VadConfig(), pause_ms=200)
     detector.reset()  # quiet stays quiet

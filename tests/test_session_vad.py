@@ -81,8 +81,46 @@ def test_quiet_background_hiss_is_never_voiced():
     assert events == [] and "1" not in marks
 
 
+def pink_noise(seconds: float, seed: int) -> np.ndarray:
+    """A room's steady noise: 1/f power, unit RMS."""
+    n = int(seconds * RATE)
+    spectrum = np.fft.rfft(np.random.default_rng(seed).normal(0, 1, n))
+    spectrum[1:] /= np.sqrt(np.fft.rfftfreq(n, 1 / RATE)[1:])
+    spectrum[0] = 0
+    noise = np.fft.irfft(spectrum, n)
+    return (noise / noise.std()).astype(np.float32)
+
+
+def active_rms(audio: np.ndarray) -> float:
+    frames = audio[:len(audio) // FRAME * FRAME].reshape(-1, FRAME)
+    rms = np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1))
+    return float(np.sqrt((rms[rms > 0.1 * rms.max()] ** 2).mean()))
+
+
+def test_a_caller_10_db_over_a_noise_there_all_along_is_heard():
+    """Once the noise floor has risen to a steady noise, speech 10 dB over it still reads as speech
+    (at least half the frames it has in the clear; at a 12 dB margin a third) in one turn where it
+    is, and the noise alone makes no turn."""
+    level = 10 ** (-24 / 20)
+    said = espeak("Wait, I need to change my order", rate=RATE)
+    voice = said / active_rms(said) * level
+    before_s = 8.0  # the floor rises to the noise within this (3 dB/s from the quietest level)
+    audio = pink_noise(before_s + len(voice) / RATE + 2.0, seed=4) * level / 10 ** (10 / 20)
+    start = int(before_s * RATE)
+    audio[start:start + len(voice)] += voice
+    events, marks = run(audio)
+    _, clean_marks = run(voice)
+    first, last = start // FRAME, (start + len(voice)) // FRAME
+    assert marks[first:last].count("1") >= clean_marks.count("1") // 2, (marks[first:last], clean_marks)
+    later = [e for e in events if getattr(e, "onset_ms", 0) >= 2000 or getattr(e, "end_ms", 0) >= 2000]
+    assert [type(e) for e in later] == [SpeechStarted, SpeechStopped], later  # the noise alone made no turn
+    assert abs(later[0].onset_ms - before_s * 1000) <= 100
+
+
 def test_config_rejects_bad_frame_sizes():
     with pytest.raises(ValueError, match="10, 20 or 30"):
         VadConfig(frame_ms=25)
     with pytest.raises(ValueError, match="start_window_ms"):
         VadConfig(min_speech_ms=200, start_window_ms=100)
+    with pytest.raises(ValueError, match="resume_speech_ms"):
+        VadConfig(resume_speech_ms=200, start_window_ms=120)

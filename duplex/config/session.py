@@ -20,21 +20,24 @@ class VadConfig(_Strict):
     frame_ms: int = 20  # webrtcvad accepts 10, 20 or 30
     min_speech_ms: int = Field(80, ge=20, le=2000)  # voiced audio needed to declare speech start
     start_window_ms: int = Field(120, ge=20, le=5000)  # ... within this much recent audio
+    # voiced audio within start_window_ms that goes on a turn after a silence began: a lone frame
+    # of a steady noise that clears the gate does not break a pause (the frame's length: any does)
+    resume_speech_ms: int = Field(80, ge=10, le=2000)
     silence_ms: int = Field(500, ge=60, le=10_000)  # unvoiced audio that ends a turn
     prefix_padding_ms: int = Field(300, ge=0, le=2000)  # audio before the onset that joins the turn
     min_level_dbfs: float = -50.0  # quieter frames are never speech
     # a voiced frame must be this far above the noise floor (the quietest recent frames). Once a
-    # steady noise has raised the floor, a caller 10 dB over it clears 12 dB with few frames (the
-    # turn-taking corpus with --background-s); 7 hears them, but lets single frames of the noise
-    # through, and one voiced frame goes on a paused turn (docs/benchmarks/turn-corpus.md)
-    floor_margin_db: float = Field(12.0, ge=0, le=40)
+    # steady noise has raised the floor to it, a caller 10 dB over it clears 12 dB in few frames:
+    # 7 hears them (the turn-taking corpus with --background-s, docs/benchmarks/turn-corpus.md);
+    # a noise's peaks that clear it alone are not speech (resume_speech_ms, min_speech_ms)
+    floor_margin_db: float = Field(7.0, ge=0, le=40)
 
     @model_validator(mode="after")
     def _check(self) -> VadConfig:
         if self.frame_ms not in (10, 20, 30):
             raise ValueError("vad.frame_ms must be 10, 20 or 30 (webrtcvad frame sizes)")
-        if self.start_window_ms < self.min_speech_ms:
-            raise ValueError("vad.start_window_ms must be >= vad.min_speech_ms")
+        if self.start_window_ms < max(self.min_speech_ms, self.resume_speech_ms):
+            raise ValueError("vad.start_window_ms must be >= vad.min_speech_ms and vad.resume_speech_ms")
         return self
 
 

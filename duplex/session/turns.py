@@ -4,6 +4,8 @@ gone on too long. Pure decisions over the per-frame voiced verdicts (``vad.Frame
 stream time (ms of audio pushed), never wall time, so they are tested without a clock.
 
 - start after ``min_speech_ms`` of voiced audio within ``start_window_ms``;
+- go on after a silence began only with ``resume_speech_ms`` of voiced audio within
+  ``start_window_ms`` (a lone voiced frame, a steady noise's peak, is part of the silence);
 - end after ``silence_ms`` of unvoiced audio (``vad.silence_ms``; with semantic turns the longest
   pause, the judge in ``endpoint.py`` ending it sooner), or once it has lasted ``max_turn_s``;
 - with preemptive generation on, a pause of ``pause_ms`` (shorter than ``silence_ms``) is
@@ -102,14 +104,17 @@ class TurnDetector:
         asks less while a reply that would only pause is live)."""
         frame_ms = self.config.frame_ms
         self._window.append((frame_start_ms, voiced))
-        if voiced:
+        if voiced and self._goes_on():
+            silence_from = self._last_voiced_end_ms
             self._unvoiced_ms = 0
             self._last_voiced_end_ms = frame_start_ms + frame_ms
-            if self.paused or self.judged:
+            if self.paused or self.judged:  # the caller is back from the first voiced frame of the silence
                 self._machine.move(TurnPhase.SPEAKING)
-                return SpeechResumed(at_ms=frame_start_ms)
-        else:
+                return SpeechResumed(at_ms=next(start for start, v in self._window if v and start >= silence_from))
+        elif not voiced:
             self._unvoiced_ms += frame_ms
+        # (a voiced frame with too little voice yet to go on the turn neither ends its silence nor
+        # lengthens it: a word's first frames do not make the pause before it longer)
         if not self.speaking:
             return self._maybe_start(self.config.min_speech_ms if min_speech_ms is None else min_speech_ms)
         if self._unvoiced_ms >= self.silence_ms:
@@ -121,6 +126,14 @@ class TurnDetector:
             self.reset()
             return SpeechStopped(end_ms=frame_start_ms + frame_ms, reason=StopReason.MAX_LENGTH)
         return None
+
+    def _goes_on(self) -> bool:
+        """A voiced frame goes on the turn: no silence has begun, or the window holds voice enough
+        (``vad.resume_speech_ms``) to be the caller again, not a noise's peak. Before a turn the
+        start rule (``_maybe_start``) decides."""
+        if not self.speaking or self._unvoiced_ms == 0:
+            return True
+        return self.config.frame_ms * sum(1 for _, v in self._window if v) >= self.config.resume_speech_ms
 
     def _pause_cue(self) -> SpeechPaused | None:
         """The pause's speculation and judging cues, each once (one cue when both are due)."""
