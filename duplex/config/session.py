@@ -21,7 +21,7 @@ class VadConfig(_Strict):
     min_speech_ms: int = Field(80, ge=20, le=2000)  # voiced audio needed to declare speech start
     start_window_ms: int = Field(120, ge=20, le=5000)  # ... within this much recent audio
     # voiced audio within start_window_ms that goes on a turn after a silence began: a lone frame
-    # of a steady noise that clears the gate does not break a pause (the frame's length: any does)
+    # of a steady noise that clears the gate does not break a pause (one frame's length: any frame does)
     resume_speech_ms: int = Field(80, ge=10, le=2000)
     silence_ms: int = Field(500, ge=60, le=10_000)  # unvoiced audio that ends a turn
     prefix_padding_ms: int = Field(300, ge=0, le=2000)  # audio before the onset that joins the turn
