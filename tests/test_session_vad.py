@@ -9,6 +9,7 @@ from duplex.config.session import VadConfig
 from duplex.session.turns import SpeechStarted, SpeechStopped, TurnDetector
 from duplex.session.vad import FrameClassifier
 from duplex_tools.harness import espeak
+from duplex_tools.turn_corpus.render import active_rms, room_noise
 
 RATE = 16000
 FRAME = 320
@@ -81,22 +82,6 @@ def test_quiet_background_hiss_is_never_voiced():
     assert events == [] and "1" not in marks
 
 
-def pink_noise(seconds: float, seed: int) -> np.ndarray:
-    """A room's steady noise: 1/f power, unit RMS."""
-    n = int(seconds * RATE)
-    spectrum = np.fft.rfft(np.random.default_rng(seed).normal(0, 1, n))
-    spectrum[1:] /= np.sqrt(np.fft.rfftfreq(n, 1 / RATE)[1:])
-    spectrum[0] = 0
-    noise = np.fft.irfft(spectrum, n)
-    return (noise / noise.std()).astype(np.float32)
-
-
-def active_rms(audio: np.ndarray) -> float:
-    frames = audio[:len(audio) // FRAME * FRAME].reshape(-1, FRAME)
-    rms = np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1))
-    return float(np.sqrt((rms[rms > 0.1 * rms.max()] ** 2).mean()))
-
-
 def test_a_caller_10_db_over_a_noise_there_all_along_is_heard():
     """Once the noise floor has risen to a steady noise, speech 10 dB over it still reads as speech
     (at least half the frames it has in the clear; at a 12 dB margin a third) in one turn where it
@@ -105,7 +90,8 @@ def test_a_caller_10_db_over_a_noise_there_all_along_is_heard():
     said = espeak("Wait, I need to change my order", rate=RATE)
     voice = said / active_rms(said) * level
     before_s = 8.0  # the floor rises to the noise within this (3 dB/s from the quietest level)
-    audio = pink_noise(before_s + len(voice) / RATE + 2.0, seed=4) * level / 10 ** (10 / 20)
+    noise = room_noise(np.random.default_rng(4), int((before_s + 2.0) * RATE) + len(voice))
+    audio = (noise / noise.std() * level / 10 ** (10 / 20)).astype(np.float32)
     start = int(before_s * RATE)
     audio[start:start + len(voice)] += voice
     events, marks = run(audio)

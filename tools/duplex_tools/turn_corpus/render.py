@@ -47,7 +47,7 @@ def _source(cache: Path, clip: spec.Clip) -> tuple[np.ndarray, int | None]:
     return speech(cache, speaker, text)[0], None
 
 
-def _active_rms(audio: np.ndarray) -> float:
+def active_rms(audio: np.ndarray) -> float:
     frame = RATE // 50
     frames = max(1, len(audio) // frame)
     rms = np.sqrt(np.mean(audio[:frames * frame].reshape(frames, -1) ** 2, axis=1)) if len(audio) >= frame else \
@@ -56,7 +56,7 @@ def _active_rms(audio: np.ndarray) -> float:
     return float(np.sqrt(np.mean(loud**2))) or 1e-4
 
 
-def _background(rng: np.random.Generator, n: int) -> np.ndarray:
+def room_noise(rng: np.random.Generator, n: int) -> np.ndarray:
     """Room noise: pink noise with a mains hum and a faint murmur of band-limited chatter."""
     white = rng.normal(0, 1, n)
     spectrum = np.fft.rfft(white)
@@ -88,23 +88,23 @@ def _render(cache: Path, clip: spec.Clip) -> Rendered:
     source, pause_at = _source(cache, clip)
     # the caller's level (near and far, loud and soft): the speaker's, the same under every condition
     level_db = np.random.default_rng(seed_of(clip.speaker.name, clip.category, clip.variant)).uniform(-30, -18)
-    source = source * (10 ** (level_db / 20) / _active_rms(source))
+    source = source * (10 ** (level_db / 20) / active_rms(source))
     lead, tail = int(LEAD_S * RATE), int(TAIL_S * RATE)
     stream = np.concatenate([np.zeros(lead), source, np.zeros(tail)])
-    reference_rms = 10 ** (-24 / 20) if clip.category == "noise" else _active_rms(source)
+    reference_rms = 10 ** (-24 / 20) if clip.category == "noise" else active_rms(source)
     condition = clip.condition
     if condition in ("snr20", "snr10"):
         snr = 20 if condition == "snr20" else 10
-        background = _background(rng, len(stream))
+        background = room_noise(rng, len(stream))
         stream = stream + background * (reference_rms / 10 ** (snr / 20) / background.std())
     elif condition == "room":
         reverberance, room = int(rng.integers(30, 80)), int(rng.integers(40, 100))
         wet = _sox(stream.astype(np.float32), ["reverb", str(reverberance), "50", str(room)])
         stream = wet[:len(stream)] if len(wet) >= len(stream) else np.pad(wet, (0, len(stream) - len(wet)))
-        stream = stream + _background(rng, len(stream)) * (reference_rms / 10 ** 3)  # a quiet room's hiss
+        stream = stream + room_noise(rng, len(stream)) * (reference_rms / 10 ** 3)  # a quiet room's hiss
     elif condition == "phone":
         line = resample(stream.astype(np.float32), RATE, 8000)
-        line = line + _background(rng, len(line))[: len(line)] * (reference_rms / 10 ** 2)  # the line's hiss at 40 dB
+        line = line + room_noise(rng, len(line))[: len(line)] * (reference_rms / 10 ** 2)  # the line's hiss at 40 dB
         pcm = g711.float_to_int16(line)
         stream = resample(g711.decode(g711.encode(pcm, "PCMU"), "PCMU").astype(np.float32) / 32768.0, 8000, RATE)
         stream = stream[: lead + len(source) + tail]
