@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import webrtcvad
 
 from duplex.config.session import VadConfig
 from duplex.session.turns import SpeechStarted, SpeechStopped, TurnDetector
@@ -101,6 +102,40 @@ def test_a_caller_10_db_over_a_noise_there_all_along_is_heard():
     later = [e for e in events if getattr(e, "onset_ms", 0) >= 2000 or getattr(e, "end_ms", 0) >= 2000]
     assert [type(e) for e in later] == [SpeechStarted, SpeechStopped], later  # the noise alone made no turn
     assert abs(later[0].onset_ms - before_s * 1000) <= 100
+
+
+def music(seconds: float, level_dbfs: float) -> np.ndarray:
+    """A tune (harmonic notes of a quarter second, each decaying) at ``level_dbfs`` RMS: a noise
+    webrtcvad keeps calling speech, unlike a steady hiss it adapts to within a few frames."""
+    note = RATE // 4
+    pitches = np.random.default_rng(5).choice([110, 131, 147, 165, 196, 220, 247], size=int(seconds * 4))
+    f0 = np.repeat(pitches, note).astype(np.float64)
+    phase = 2 * np.pi * np.cumsum(f0) / RATE
+    envelope = np.tile(np.minimum(1, np.arange(note) / 400) * np.exp(-3 * np.arange(note) / RATE), len(pitches))
+    tone = sum(np.sin(k * phase) / k for k in range(1, 12)) * envelope
+    return (tone / np.sqrt(np.mean(tone ** 2)) * 10 ** (level_dbfs / 20)).astype(np.float32)
+
+
+@pytest.mark.parametrize("quiet_dbfs", [-90.0, None])
+def test_a_noise_after_a_very_quiet_moment_is_gated_once_the_floor_rises_to_it(quiet_dbfs):
+    """A very quiet moment (a still room's faint hiss at -90 dBFS; digital silence: a hole in the
+    stream, a muted line) drops the floor no lower than the level gate's own bar (min_level_dbfs -
+    floor_margin_db, -57 dBFS), so a noise that starts after it is gated within seconds (at 3 dB/s,
+    a -40 dBFS tune's quiet frames lift the floor past its notes' bodies in about 3.5 s); from -90
+    or -120 dBFS it would pass for 14 or 25 s."""
+    quiet_s, tune_s = 2.0, 10.0
+    quiet = np.zeros(int(quiet_s * RATE), np.float32) if quiet_dbfs is None else \
+        np.random.default_rng(6).normal(0, 10 ** (quiet_dbfs / 20), int(quiet_s * RATE)).astype(np.float32)
+    audio = np.concatenate([quiet, music(tune_s, -40.0)])
+    _, marks = run(audio)
+    pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
+    vad = webrtcvad.Vad(VadConfig().aggressiveness)
+    speechlike = "".join("1" if vad.is_speech(pcm[i * FRAME:(i + 1) * FRAME].tobytes(), RATE) else "0"
+                         for i in range(len(pcm) // FRAME))
+    start, settled = int(quiet_s * 50), int((quiet_s + 5.0) * 50)  # 50 frames a second
+    assert marks[start:start + 50].count("1") >= 10  # its first second passes: webrtcvad alone decides
+    assert speechlike[settled:].count("1") >= 100, speechlike  # webrtcvad still calls it speech later ...
+    assert marks[settled:].count("1") <= speechlike[settled:].count("1") // 4, marks[settled:]  # ... the gate not
 
 
 def test_config_rejects_bad_frame_sizes():

@@ -26,7 +26,7 @@ class FrameClassifier:
     def __init__(self, config: VadConfig) -> None:
         self.config = config
         self._vad = webrtcvad.Vad(config.aggressiveness)
-        self._floor_dbfs = config.min_level_dbfs - config.floor_margin_db
+        self._floor_dbfs = self._lowest_floor_dbfs
         self._rise_per_frame = _FLOOR_RISE_DB_PER_S * config.frame_ms / 1000.0
 
     @property
@@ -43,8 +43,16 @@ class FrameClassifier:
         self._track_floor(level)
         return loud_enough and self._vad.is_speech(frame.tobytes(), SESSION_RATE)
 
+    @property
+    def _lowest_floor_dbfs(self) -> float:
+        """Below this floor the gate is ``min_level_dbfs`` alone. The floor stops here: a very quiet
+        moment (digital silence: a hole in the stream filled with zeros, a muted line, a fake
+        microphone) would otherwise drop it to -120 dBFS, and at the floor's slow rise a noise that
+        starts after it would clear the gate for ~25 s."""
+        return self.config.min_level_dbfs - self.config.floor_margin_db
+
     def _track_floor(self, level: float) -> None:
         if level < self._floor_dbfs:
-            self._floor_dbfs = max(level, _SILENCE_DBFS)
+            self._floor_dbfs = max(level, self._lowest_floor_dbfs)
         else:
             self._floor_dbfs += self._rise_per_frame
