@@ -120,9 +120,9 @@ def music(seconds: float, level_dbfs: float) -> np.ndarray:
 def test_a_noise_after_a_very_quiet_moment_is_gated_once_the_floor_rises_to_it(quiet_dbfs):
     """A very quiet moment (a still room's faint hiss at -90 dBFS; digital silence: a hole in the
     stream, a muted line) drops the floor no lower than the level gate's own bar (min_level_dbfs -
-    floor_margin_db, -57 dBFS), so a noise that starts after it is gated within seconds (at 3 dB/s,
-    a -40 dBFS tune's quiet frames lift the floor past its notes' bodies in about 3.5 s); from -90
-    or -120 dBFS it would pass for 14 or 25 s."""
+    floor_margin_db, -57 dBFS), so a noise that starts after it is gated within seconds: rising
+    3 dB/s, the floor reaches a -40 dBFS tune's quietest frames (its notes' ends) in about 3.5 s,
+    and its notes' bodies no longer clear it by 7 dB; from -90 or -120 dBFS that takes 14 or 25 s."""
     quiet_s, tune_s = 2.0, 10.0
     quiet = np.zeros(int(quiet_s * RATE), np.float32) if quiet_dbfs is None else \
         np.random.default_rng(6).normal(0, 10 ** (quiet_dbfs / 20), int(quiet_s * RATE)).astype(np.float32)
